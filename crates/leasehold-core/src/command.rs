@@ -1,0 +1,206 @@
+//! What goes into the table (commands) and what comes out (responses, events).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Fence, LeaseId, RequestId, Time};
+
+/// The leader's stamp on a command: its clock and its term.
+///
+/// The table never reads a clock; the leader stamps its monotonic time into each
+/// log entry, so every replica computes the same state. A command from a newer
+/// `epoch` (a new leader, or a restarted single node) first gives every live
+/// lease its full TTL again, so no lease expires early because leadership moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    /// Milliseconds on the leader's clock. The table clamps it so time never goes back.
+    pub now: Time,
+    /// The leader's term.
+    pub epoch: u64,
+}
+
+/// A change to the lock table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Creates a lease with this TTL for this holder.
+    Grant {
+        /// Time to live in milliseconds.
+        ttl_ms: u64,
+        /// Who holds it; shown to others on contention.
+        holder: String,
+    },
+    /// Renews a live lease to its full TTL.
+    KeepAlive {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Ends a lease and cleanly releases its locks.
+    Revoke {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Takes a key under a lease, or queues for it when `wait_ms > 0`.
+    Acquire {
+        /// The lease the lock hangs off.
+        lease: LeaseId,
+        /// The key.
+        key: String,
+        /// 0: answer at once. Otherwise queue for up to this long.
+        wait_ms: u64,
+        /// Lock-delay after an expiry of this hold (0 for none).
+        lock_delay_ms: u64,
+        /// Client request id for safe retries (0 for none).
+        request_id: RequestId,
+    },
+    /// Withdraws a wait whose caller went away. If the wait was granted in the
+    /// meantime, the grant is released, since nobody will ever learn of it.
+    CancelWait {
+        /// The waiting lease.
+        lease: LeaseId,
+        /// The key.
+        key: String,
+        /// The request id of the wait (0 for none).
+        request_id: RequestId,
+    },
+    /// Releases a key held with this fencing token.
+    Release {
+        /// The key.
+        key: String,
+        /// The token the caller holds.
+        fence: Fence,
+        /// Client request id for safe retries (0 for none).
+        request_id: RequestId,
+    },
+    /// Stores a checkpoint with a held key, fenced by the holder's token.
+    SaveCheckpoint {
+        /// The key.
+        key: String,
+        /// The token the caller holds.
+        fence: Fence,
+        /// The bytes; empty clears the checkpoint.
+        data: Vec<u8>,
+    },
+    /// Carries time only: expires what is due.
+    Tick,
+}
+
+/// Bytes a holder saved with its lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The saved bytes.
+    pub data: Arc<[u8]>,
+    /// The fencing token of the holder that saved them.
+    pub fence: Fence,
+}
+
+/// A successful acquire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The fencing token of this hold.
+    pub fence: Fence,
+    /// What the previous holder saved, if anything.
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// The answer to a command that succeeded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// A lease was created.
+    LeaseGranted {
+        /// Its id.
+        lease: LeaseId,
+        /// Its TTL.
+        ttl_ms: u64,
+    },
+    /// A lease was renewed to its full TTL.
+    Renewed {
+        /// The TTL it now has.
+        ttl_ms: u64,
+    },
+    /// A lease ended; these keys were released.
+    Revoked {
+        /// The released keys.
+        released: Vec<String>,
+    },
+    /// The lock was granted.
+    Acquired(Grant),
+    /// The caller is queued; a later [`Event::Acquired`] or [`Event::WaitEnded`] tells the outcome.
+    Queued {
+        /// Zero-based position in the queue.
+        position: usize,
+    },
+    /// The lock was released.
+    Released,
+    /// The checkpoint was stored.
+    CheckpointSaved,
+    /// The wait (or the grant it turned into) was withdrawn.
+    WaitCancelled,
+    /// Time advanced.
+    Ticked,
+}
+
+/// Why a queued wait ended without a grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitEnd {
+    /// Its wait time ran out.
+    TimedOut,
+    /// Its lease expired or was revoked.
+    LeaseGone,
+    /// Its caller withdrew it.
+    Cancelled,
+}
+
+/// Something that happened in the table, for watchers and waiting callers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A key was granted (at once or from its queue).
+    Acquired {
+        /// The key.
+        key: Arc<str>,
+        /// The new token.
+        fence: Fence,
+        /// The holding lease.
+        lease: LeaseId,
+        /// The holder's name.
+        holder: Arc<str>,
+        /// What the previous holder saved.
+        checkpoint: Option<Checkpoint>,
+    },
+    /// A key was released by its holder (or its lease was revoked).
+    Released {
+        /// The key.
+        key: Arc<str>,
+        /// The token that held it.
+        fence: Fence,
+        /// The lease that held it.
+        lease: LeaseId,
+        /// The holder's name.
+        holder: Arc<str>,
+    },
+    /// A key was freed because its lease expired.
+    Expired {
+        /// The key.
+        key: Arc<str>,
+        /// The token that held it.
+        fence: Fence,
+        /// The lease that held it.
+        lease: LeaseId,
+        /// The holder's name.
+        holder: Arc<str>,
+    },
+    /// A queued wait ended without a grant.
+    WaitEnded {
+        /// The key.
+        key: Arc<str>,
+        /// The waiting lease.
+        lease: LeaseId,
+        /// Why.
+        reason: WaitEnd,
+    },
+    /// A lease expired.
+    LeaseExpired {
+        /// The lease.
+        lease: LeaseId,
+    },
+}

@@ -1,0 +1,862 @@
+//! The lock table: leases, locks, FIFO waiters, fencing tokens, checkpoints.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Checkpoint, Command, Event, Grant, Response, Stamp, WaitEnd};
+use crate::limits;
+use crate::{Fence, LeaseId, LockError, RequestId, Time};
+
+/// How long (table time) the answer to a request id is kept for retries.
+const DEDUPE_WINDOW_MS: Time = 60_000;
+/// At most this many answers are kept for retries; the oldest go first.
+const DEDUPE_CAPACITY: usize = 100_000;
+
+/// The result of applying one command.
+pub type Outcome = Result<Response, LockError>;
+
+/// The whole state of a Leasehold deployment's locks.
+///
+/// Pure and deterministic: time arrives in each command's [`Stamp`], nothing here
+/// reads a clock or does I/O, and the same commands from the same state always
+/// give the same state, responses and events. Every field is part of the
+/// snapshot, so a restored table continues exactly where the original stood.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockTable {
+    /// Table time: the highest stamp applied. Never goes back.
+    now: Time,
+    /// The highest leader term seen; a higher one restamps every lease.
+    epoch: u64,
+    /// The next lease id. Ids are never reused.
+    next_lease: LeaseId,
+    /// The next fencing token. One sequence for all keys, for the life of the
+    /// deployment: it is in the snapshot and moves only forward.
+    next_fence: Fence,
+    leases: BTreeMap<LeaseId, Lease>,
+    /// Ordered so that listing by prefix is a range scan.
+    locks: BTreeMap<Arc<str>, Lock>,
+    /// Expiry order of leases.
+    lease_deadlines: BTreeSet<(Time, LeaseId)>,
+    /// Expiry order of queued waits.
+    wait_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
+    /// When keys leave their lock-delay.
+    delay_deadlines: BTreeSet<(Time, Arc<str>)>,
+    /// Answers to recent request ids, so a retried acquire or release never acts twice.
+    answered: BTreeMap<RequestId, (Time, Response)>,
+    answered_order: VecDeque<(Time, RequestId)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Lease {
+    holder: Arc<str>,
+    ttl_ms: u64,
+    deadline: Time,
+    /// Keys this lease holds.
+    held: BTreeSet<Arc<str>>,
+    /// Keys this lease is queued for.
+    waiting: BTreeSet<Arc<str>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+struct Lock {
+    holder: Option<Holding>,
+    waiters: VecDeque<Waiter>,
+    checkpoint: Option<Checkpoint>,
+    /// Set after an expiry with a lock-delay: nobody may take the key before then.
+    delayed_until: Option<Time>,
+}
+
+impl Lock {
+    fn is_empty(&self) -> bool {
+        self.holder.is_none()
+            && self.waiters.is_empty()
+            && self.checkpoint.is_none()
+            && self.delayed_until.is_none()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Holding {
+    lease: LeaseId,
+    fence: Fence,
+    lock_delay_ms: u64,
+    /// Set when the grant came from the queue, with the wait's request id, so a
+    /// cancelled wait can take back a grant its caller never saw.
+    from_wait: Option<RequestId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Waiter {
+    lease: LeaseId,
+    deadline: Time,
+    lock_delay_ms: u64,
+    request_id: RequestId,
+}
+
+/// A lock as seen by `describe` and `list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LockView {
+    /// The key.
+    pub key: String,
+    /// The current holder, if any.
+    pub holder: Option<HolderView>,
+    /// The queue, first in line first.
+    pub waiters: Vec<WaiterView>,
+    /// Whether a checkpoint is stored.
+    pub has_checkpoint: bool,
+    /// Lock-delay left after an expiry.
+    pub delay_left_ms: u64,
+}
+
+/// Who holds a lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HolderView {
+    /// The holding lease.
+    pub lease: LeaseId,
+    /// The holder's name.
+    pub holder: String,
+    /// Its fencing token.
+    pub fence: Fence,
+    /// Milliseconds until its lease expires unless renewed.
+    pub ttl_left_ms: u64,
+}
+
+/// Someone in a lock's queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaiterView {
+    /// The waiting lease.
+    pub lease: LeaseId,
+    /// Its holder name.
+    pub holder: String,
+    /// Milliseconds of waiting left.
+    pub wait_left_ms: u64,
+}
+
+/// A lease as seen by `describe` and `list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LeaseView {
+    /// The lease id.
+    pub lease: LeaseId,
+    /// The holder's name.
+    pub holder: String,
+    /// Its TTL.
+    pub ttl_ms: u64,
+    /// Milliseconds until it expires unless renewed.
+    pub ttl_left_ms: u64,
+    /// The keys it holds.
+    pub keys: Vec<String>,
+}
+
+impl Default for LockTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LockTable {
+    /// An empty table. Lease ids and fencing tokens start at 1.
+    pub fn new() -> Self {
+        LockTable {
+            now: 0,
+            epoch: 0,
+            next_lease: 1,
+            next_fence: 1,
+            leases: BTreeMap::new(),
+            locks: BTreeMap::new(),
+            lease_deadlines: BTreeSet::new(),
+            wait_deadlines: BTreeSet::new(),
+            delay_deadlines: BTreeSet::new(),
+            answered: BTreeMap::new(),
+            answered_order: VecDeque::new(),
+        }
+    }
+
+    /// Table time: the highest stamp applied so far.
+    pub fn now(&self) -> Time {
+        self.now
+    }
+
+    /// The highest leader term applied so far.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The token the next grant will get. Every token handed out so far is lower.
+    pub fn next_fence(&self) -> Fence {
+        self.next_fence
+    }
+
+    /// Number of live leases.
+    pub fn lease_count(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Number of held locks.
+    pub fn held_count(&self) -> usize {
+        self.locks.values().filter(|l| l.holder.is_some()).count()
+    }
+
+    /// The earliest time at which something is due (a lease expiry, a wait
+    /// timeout, the end of a lock-delay), so the leader knows when to tick.
+    pub fn next_deadline(&self) -> Option<Time> {
+        [
+            self.lease_deadlines.first().map(|d| d.0),
+            self.wait_deadlines.first().map(|d| d.0),
+            self.delay_deadlines.first().map(|d| d.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Applies one command at the stamped time.
+    ///
+    /// First the stamp is taken in (a newer epoch restamps all leases, then
+    /// everything due by `stamp.now` expires), then the command runs. A refused
+    /// command changes nothing beyond what the passing of time did.
+    pub fn apply(&mut self, stamp: Stamp, command: Command, events: &mut Vec<Event>) -> Outcome {
+        let now = self.now.max(stamp.now);
+        if stamp.epoch > self.epoch {
+            self.epoch = stamp.epoch;
+            self.restamp(now);
+        }
+        self.advance(now, events);
+        match command {
+            Command::Grant { ttl_ms, holder } => self.grant(ttl_ms, holder),
+            Command::KeepAlive { lease } => self.keep_alive(lease),
+            Command::Revoke { lease } => self.revoke(lease, events),
+            Command::Acquire {
+                lease,
+                key,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+            } => self.answer_once(request_id, |t| {
+                t.acquire(lease, &key, wait_ms, lock_delay_ms, request_id, events)
+            }),
+            Command::CancelWait {
+                lease,
+                key,
+                request_id,
+            } => self.cancel_wait(lease, &key, request_id, events),
+            Command::Release {
+                key,
+                fence,
+                request_id,
+            } => self.answer_once(request_id, |t| t.release(&key, fence, events)),
+            Command::SaveCheckpoint { key, fence, data } => self.save_checkpoint(&key, fence, data),
+            Command::Tick => Ok(Response::Ticked),
+        }
+    }
+
+    // ---- time ----
+
+    /// A new leader gives every live lease its full TTL again.
+    fn restamp(&mut self, now: Time) {
+        self.lease_deadlines.clear();
+        for (id, lease) in self.leases.iter_mut() {
+            lease.deadline = now.saturating_add(lease.ttl_ms);
+            self.lease_deadlines.insert((lease.deadline, *id));
+        }
+    }
+
+    fn advance(&mut self, now: Time, events: &mut Vec<Event>) {
+        self.now = now;
+        while let Some(&(deadline, id)) = self.lease_deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.end_lease(id, true, events);
+            events.push(Event::LeaseExpired { lease: id });
+        }
+        while let Some((deadline, key, lease)) = self.wait_deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.remove_waiter(&key, lease);
+            events.push(Event::WaitEnded {
+                key: key.clone(),
+                lease,
+                reason: WaitEnd::TimedOut,
+            });
+            self.drop_if_empty(&key);
+        }
+        while let Some((deadline, key)) = self.delay_deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.delay_deadlines.pop_first();
+            if let Some(lock) = self.locks.get_mut(&key) {
+                lock.delayed_until = None;
+            }
+            self.advance_queue(&key, events);
+        }
+        while let Some(&(at, id)) = self.answered_order.front() {
+            if at.saturating_add(DEDUPE_WINDOW_MS) > now
+                && self.answered_order.len() <= DEDUPE_CAPACITY
+            {
+                break;
+            }
+            self.answered_order.pop_front();
+            if self.answered.get(&id).is_some_and(|(t, _)| *t == at) {
+                self.answered.remove(&id);
+            }
+        }
+    }
+
+    // ---- leases ----
+
+    fn grant(&mut self, ttl_ms: u64, holder: String) -> Outcome {
+        limits::validate_ttl(ttl_ms)?;
+        limits::validate_holder(&holder)?;
+        let id = self.next_lease;
+        self.next_lease += 1;
+        let deadline = self.now.saturating_add(ttl_ms);
+        self.leases.insert(
+            id,
+            Lease {
+                holder: holder.into(),
+                ttl_ms,
+                deadline,
+                held: BTreeSet::new(),
+                waiting: BTreeSet::new(),
+            },
+        );
+        self.lease_deadlines.insert((deadline, id));
+        Ok(Response::LeaseGranted { lease: id, ttl_ms })
+    }
+
+    fn live_lease(&self, id: LeaseId) -> Result<&Lease, LockError> {
+        match self.leases.get(&id) {
+            Some(lease) => Ok(lease),
+            None if id != 0 && id < self.next_lease => Err(LockError::LeaseExpired { lease: id }),
+            None => Err(LockError::LeaseNotFound { lease: id }),
+        }
+    }
+
+    fn keep_alive(&mut self, id: LeaseId) -> Outcome {
+        self.live_lease(id)?;
+        let now = self.now;
+        let Some(lease) = self.leases.get_mut(&id) else {
+            return Err(LockError::LeaseNotFound { lease: id });
+        };
+        self.lease_deadlines.remove(&(lease.deadline, id));
+        lease.deadline = now.saturating_add(lease.ttl_ms);
+        self.lease_deadlines.insert((lease.deadline, id));
+        Ok(Response::Renewed {
+            ttl_ms: lease.ttl_ms,
+        })
+    }
+
+    fn revoke(&mut self, id: LeaseId, events: &mut Vec<Event>) -> Outcome {
+        self.live_lease(id)?;
+        let released = self.end_lease(id, false, events);
+        Ok(Response::Revoked { released })
+    }
+
+    /// Ends a lease: withdraws its waits, frees its keys (with lock-delay when it
+    /// expired), and hands each freed key to the next in line.
+    fn end_lease(&mut self, id: LeaseId, expired: bool, events: &mut Vec<Event>) -> Vec<String> {
+        let Some(lease) = self.leases.remove(&id) else {
+            return Vec::new();
+        };
+        self.lease_deadlines.remove(&(lease.deadline, id));
+        for key in &lease.waiting {
+            self.remove_waiter(key, id);
+            events.push(Event::WaitEnded {
+                key: key.clone(),
+                lease: id,
+                reason: WaitEnd::LeaseGone,
+            });
+        }
+        let mut released = Vec::with_capacity(lease.held.len());
+        for key in &lease.held {
+            let Some(lock) = self.locks.get_mut(key) else {
+                continue;
+            };
+            let Some(holding) = lock.holder.take() else {
+                continue;
+            };
+            let (key, fence, holder) = (key.clone(), holding.fence, lease.holder.clone());
+            if expired {
+                if holding.lock_delay_ms > 0 {
+                    let until = self.now.saturating_add(holding.lock_delay_ms);
+                    lock.delayed_until = Some(until);
+                    self.delay_deadlines.insert((until, key.clone()));
+                }
+                events.push(Event::Expired {
+                    key: key.clone(),
+                    fence,
+                    lease: id,
+                    holder,
+                });
+            } else {
+                events.push(Event::Released {
+                    key: key.clone(),
+                    fence,
+                    lease: id,
+                    holder,
+                });
+            }
+            released.push(key.to_string());
+        }
+        for key in &lease.waiting {
+            self.drop_if_empty(key);
+        }
+        for key in &lease.held {
+            self.advance_queue(key, events);
+        }
+        released
+    }
+
+    // ---- locks ----
+
+    fn acquire(
+        &mut self,
+        lease_id: LeaseId,
+        key: &str,
+        wait_ms: u64,
+        lock_delay_ms: u64,
+        request_id: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_key(key)?;
+        limits::validate_wait(wait_ms, lock_delay_ms)?;
+        let lease = self.live_lease(lease_id)?;
+        if lease.held.contains(key) {
+            // Acquiring what you already hold is answered with the hold you have.
+            let lock = self.locks.get(key);
+            let holding = lock.and_then(|l| l.holder.as_ref());
+            let fence = holding.map_or(0, |h| h.fence);
+            let checkpoint = lock.and_then(|l| l.checkpoint.clone());
+            return Ok(Response::Acquired(Grant { fence, checkpoint }));
+        }
+        if lease.waiting.contains(key) {
+            let position = self
+                .locks
+                .get(key)
+                .and_then(|l| l.waiters.iter().position(|w| w.lease == lease_id))
+                .unwrap_or(0);
+            return Ok(Response::Queued { position });
+        }
+        let now = self.now;
+        match self.locks.get(key) {
+            None => {}
+            Some(lock)
+                if lock.holder.is_none()
+                    && lock.delayed_until.is_none()
+                    && lock.waiters.is_empty() => {}
+            Some(lock) => {
+                if wait_ms == 0 {
+                    return Err(self.busy_error(key, lock));
+                }
+                let deadline = now.saturating_add(wait_ms);
+                let (key, position) = match self.locks.get_key_value(key) {
+                    Some((k, l)) => (k.clone(), l.waiters.len()),
+                    None => return Err(LockError::invalid("key", "vanished")),
+                };
+                if let Some(lock) = self.locks.get_mut(&key) {
+                    lock.waiters.push_back(Waiter {
+                        lease: lease_id,
+                        deadline,
+                        lock_delay_ms,
+                        request_id,
+                    });
+                }
+                self.wait_deadlines
+                    .insert((deadline, key.clone(), lease_id));
+                if let Some(lease) = self.leases.get_mut(&lease_id) {
+                    lease.waiting.insert(key);
+                }
+                return Ok(Response::Queued { position });
+            }
+        }
+        let key: Arc<str> = match self.locks.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(key),
+        };
+        let grant = self.grant_lock(&key, lease_id, lock_delay_ms, None, events);
+        Ok(Response::Acquired(grant))
+    }
+
+    fn busy_error(&self, key: &str, lock: &Lock) -> LockError {
+        match &lock.holder {
+            Some(h) => LockError::Held {
+                key: key.to_string(),
+                holder: self
+                    .leases
+                    .get(&h.lease)
+                    .map_or_else(String::new, |l| l.holder.to_string()),
+                lease: h.lease,
+                fence: h.fence,
+            },
+            None => LockError::LockDelayed {
+                key: key.to_string(),
+                left_ms: lock.delayed_until.map_or(0, |t| t.saturating_sub(self.now)),
+            },
+        }
+    }
+
+    /// Gives a free key to a lease with a fresh token.
+    fn grant_lock(
+        &mut self,
+        key: &Arc<str>,
+        lease_id: LeaseId,
+        lock_delay_ms: u64,
+        from_wait: Option<RequestId>,
+        events: &mut Vec<Event>,
+    ) -> Grant {
+        let fence = self.next_fence;
+        self.next_fence += 1;
+        let lock = self.locks.entry(key.clone()).or_default();
+        lock.holder = Some(Holding {
+            lease: lease_id,
+            fence,
+            lock_delay_ms,
+            from_wait,
+        });
+        let checkpoint = lock.checkpoint.clone();
+        let holder = match self.leases.get_mut(&lease_id) {
+            Some(lease) => {
+                lease.held.insert(key.clone());
+                lease.holder.clone()
+            }
+            None => Arc::from(""),
+        };
+        events.push(Event::Acquired {
+            key: key.clone(),
+            fence,
+            lease: lease_id,
+            holder,
+            checkpoint: checkpoint.clone(),
+        });
+        Grant { fence, checkpoint }
+    }
+
+    /// Hands a free key to the first in its queue, in the same step that freed it.
+    fn advance_queue(&mut self, key: &Arc<str>, events: &mut Vec<Event>) {
+        let Some(lock) = self.locks.get_mut(key) else {
+            return;
+        };
+        if lock.holder.is_some() || lock.delayed_until.is_some() {
+            return;
+        }
+        // Every queued waiter is live: waits leave the queue when they time out
+        // or their lease ends.
+        if let Some(waiter) = lock.waiters.pop_front() {
+            self.wait_deadlines
+                .remove(&(waiter.deadline, key.clone(), waiter.lease));
+            if let Some(lease) = self.leases.get_mut(&waiter.lease) {
+                lease.waiting.remove(key);
+            }
+            let grant = self.grant_lock(
+                key,
+                waiter.lease,
+                waiter.lock_delay_ms,
+                Some(waiter.request_id),
+                events,
+            );
+            self.remember(waiter.request_id, Response::Acquired(grant));
+        } else {
+            self.drop_if_empty(key);
+        }
+    }
+
+    /// Takes a lease's wait out of a key's queue; returns its request id.
+    fn remove_waiter(&mut self, key: &Arc<str>, lease_id: LeaseId) -> Option<RequestId> {
+        let lock = self.locks.get_mut(key)?;
+        let at = lock.waiters.iter().position(|w| w.lease == lease_id)?;
+        let waiter = lock.waiters.remove(at)?;
+        self.wait_deadlines
+            .remove(&(waiter.deadline, key.clone(), lease_id));
+        if let Some(lease) = self.leases.get_mut(&lease_id) {
+            lease.waiting.remove(key);
+        }
+        Some(waiter.request_id)
+    }
+
+    fn drop_if_empty(&mut self, key: &Arc<str>) {
+        if self.locks.get(key).is_some_and(Lock::is_empty) {
+            self.locks.remove(key);
+        }
+    }
+
+    fn cancel_wait(
+        &mut self,
+        lease_id: LeaseId,
+        key: &str,
+        request_id: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_key(key)?;
+        let Some((key, lock)) = self.locks.get_key_value(key) else {
+            return Ok(Response::WaitCancelled);
+        };
+        let key = key.clone();
+        let granted_to_this_wait = lock
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.lease == lease_id && h.from_wait == Some(request_id));
+        if granted_to_this_wait {
+            let fence = lock.holder.as_ref().map_or(0, |h| h.fence);
+            self.release(&key, fence, events)?;
+            // A retry of this wait must not be answered with the grant taken back.
+            self.forget(request_id);
+        } else if self.remove_waiter(&key, lease_id).is_some() {
+            events.push(Event::WaitEnded {
+                key: key.clone(),
+                lease: lease_id,
+                reason: WaitEnd::Cancelled,
+            });
+            self.drop_if_empty(&key);
+        }
+        Ok(Response::WaitCancelled)
+    }
+
+    fn held_by<'a>(
+        &'a self,
+        key: &str,
+        fence: Fence,
+    ) -> Result<(&'a Arc<str>, &'a Holding), LockError> {
+        limits::validate_key(key)?;
+        match self.locks.get_key_value(key) {
+            Some((
+                k,
+                Lock {
+                    holder: Some(h), ..
+                },
+            )) if h.fence == fence => Ok((k, h)),
+            other => Err(LockError::StaleFence {
+                key: key.to_string(),
+                presented: fence,
+                current: other.and_then(|(_, l)| l.holder.as_ref()).map(|h| h.fence),
+            }),
+        }
+    }
+
+    fn release(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
+        let (key, holding) = self.held_by(key, fence)?;
+        let (key, lease_id) = (key.clone(), holding.lease);
+        let holder = match self.leases.get_mut(&lease_id) {
+            Some(lease) => {
+                lease.held.remove(&key);
+                lease.holder.clone()
+            }
+            None => Arc::from(""),
+        };
+        if let Some(lock) = self.locks.get_mut(&key) {
+            lock.holder = None;
+        }
+        events.push(Event::Released {
+            key: key.clone(),
+            fence,
+            lease: lease_id,
+            holder,
+        });
+        self.advance_queue(&key, events);
+        Ok(Response::Released)
+    }
+
+    fn save_checkpoint(&mut self, key: &str, fence: Fence, data: Vec<u8>) -> Outcome {
+        limits::validate_checkpoint(&data)?;
+        let (key, _) = self.held_by(key, fence)?;
+        let key = key.clone();
+        if let Some(lock) = self.locks.get_mut(&key) {
+            lock.checkpoint = (!data.is_empty()).then(|| Checkpoint {
+                data: data.into(),
+                fence,
+            });
+        }
+        Ok(Response::CheckpointSaved)
+    }
+
+    // ---- retries ----
+
+    /// Runs `f` unless this request id was answered before, in which case the
+    /// first answer is returned again and nothing happens.
+    fn answer_once(
+        &mut self,
+        request_id: RequestId,
+        f: impl FnOnce(&mut Self) -> Outcome,
+    ) -> Outcome {
+        if request_id != 0 {
+            if let Some((_, response)) = self.answered.get(&request_id) {
+                return Ok(response.clone());
+            }
+        }
+        let outcome = f(self);
+        // Only what changed something is remembered: a refusal changed nothing,
+        // so a retry may as well be judged afresh, and a queued answer is not
+        // final (the grant is remembered when it comes).
+        if let Ok(response @ (Response::Acquired(_) | Response::Released)) = &outcome {
+            self.remember(request_id, response.clone());
+        }
+        outcome
+    }
+
+    fn remember(&mut self, request_id: RequestId, response: Response) {
+        if request_id == 0 {
+            return;
+        }
+        self.answered.insert(request_id, (self.now, response));
+        self.answered_order.push_back((self.now, request_id));
+    }
+
+    fn forget(&mut self, request_id: RequestId) {
+        if request_id != 0 {
+            self.answered.remove(&request_id);
+        }
+    }
+
+    // ---- reading ----
+
+    /// One lock, as seen at time `now`.
+    pub fn lock(&self, key: &str, now: Time) -> Option<LockView> {
+        self.locks
+            .get_key_value(key)
+            .map(|(k, l)| self.view_lock(k, l, now))
+    }
+
+    /// Locks whose key starts with `prefix`, in key order, at most `limit`.
+    pub fn locks(&self, prefix: &str, limit: usize, now: Time) -> Vec<LockView> {
+        self.locks
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
+            .map(|(k, l)| self.view_lock(k, l, now))
+            .collect()
+    }
+
+    /// One lease, as seen at time `now`.
+    pub fn lease(&self, id: LeaseId, now: Time) -> Option<LeaseView> {
+        self.leases.get(&id).map(|l| view_lease(id, l, now))
+    }
+
+    /// Leases in id order, at most `limit`.
+    pub fn leases(&self, limit: usize, now: Time) -> Vec<LeaseView> {
+        self.leases
+            .iter()
+            .take(limit)
+            .map(|(id, l)| view_lease(*id, l, now))
+            .collect()
+    }
+
+    fn view_lock(&self, key: &str, lock: &Lock, now: Time) -> LockView {
+        let name = |lease: LeaseId| {
+            self.leases
+                .get(&lease)
+                .map_or_else(String::new, |l| l.holder.to_string())
+        };
+        LockView {
+            key: key.to_string(),
+            holder: lock.holder.as_ref().map(|h| HolderView {
+                lease: h.lease,
+                holder: name(h.lease),
+                fence: h.fence,
+                ttl_left_ms: self
+                    .leases
+                    .get(&h.lease)
+                    .map_or(0, |l| l.deadline.saturating_sub(now)),
+            }),
+            waiters: lock
+                .waiters
+                .iter()
+                .map(|w| WaiterView {
+                    lease: w.lease,
+                    holder: name(w.lease),
+                    wait_left_ms: w.deadline.saturating_sub(now),
+                })
+                .collect(),
+            has_checkpoint: lock.checkpoint.is_some(),
+            delay_left_ms: lock.delayed_until.map_or(0, |t| t.saturating_sub(now)),
+        }
+    }
+
+    /// Checks the table's internal consistency; used by tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (key, lock) in &self.locks {
+            if lock.is_empty() {
+                return Err(format!("empty lock entry {key:?} kept"));
+            }
+            if let Some(h) = &lock.holder {
+                let lease = self
+                    .leases
+                    .get(&h.lease)
+                    .ok_or(format!("{key:?} held by dead lease {}", h.lease))?;
+                if !lease.held.contains(key) {
+                    return Err(format!("lease {} does not know it holds {key:?}", h.lease));
+                }
+                if h.fence >= self.next_fence {
+                    return Err(format!(
+                        "{key:?} has fence {} >= next {}",
+                        h.fence, self.next_fence
+                    ));
+                }
+            } else if !lock.waiters.is_empty() && lock.delayed_until.is_none() {
+                return Err(format!("{key:?} is free with a queue"));
+            }
+            for w in &lock.waiters {
+                let lease = self
+                    .leases
+                    .get(&w.lease)
+                    .ok_or(format!("{key:?} has dead waiter {}", w.lease))?;
+                if !lease.waiting.contains(key) {
+                    return Err(format!(
+                        "lease {} does not know it waits for {key:?}",
+                        w.lease
+                    ));
+                }
+                if !self
+                    .wait_deadlines
+                    .contains(&(w.deadline, key.clone(), w.lease))
+                {
+                    return Err(format!(
+                        "wait of {} on {key:?} has no deadline entry",
+                        w.lease
+                    ));
+                }
+            }
+        }
+        for (id, lease) in &self.leases {
+            if lease.deadline <= self.now {
+                return Err(format!("lease {id} is past its deadline but live"));
+            }
+            if !self.lease_deadlines.contains(&(lease.deadline, *id)) {
+                return Err(format!("lease {id} has no deadline entry"));
+            }
+            for key in &lease.held {
+                let holds = self
+                    .locks
+                    .get(key)
+                    .and_then(|l| l.holder.as_ref())
+                    .is_some_and(|h| h.lease == *id);
+                if !holds {
+                    return Err(format!("lease {id} thinks it holds {key:?}"));
+                }
+            }
+        }
+        if self.lease_deadlines.len() != self.leases.len() {
+            return Err("stray lease deadlines".into());
+        }
+        let waits: usize = self.locks.values().map(|l| l.waiters.len()).sum();
+        if self.wait_deadlines.len() != waits {
+            return Err("stray wait deadlines".into());
+        }
+        Ok(())
+    }
+}
+
+fn view_lease(id: LeaseId, lease: &Lease, now: Time) -> LeaseView {
+    LeaseView {
+        lease: id,
+        holder: lease.holder.to_string(),
+        ttl_ms: lease.ttl_ms,
+        ttl_left_ms: lease.deadline.saturating_sub(now),
+        keys: lease.held.iter().map(|k| k.to_string()).collect(),
+    }
+}

@@ -1,0 +1,424 @@
+//! Property tests over random command sequences.
+//!
+//! Commands name leases and fences by *choice* (a recent lease, the current
+//! holder's fence, the one before it) as well as by raw value, so that random
+//! runs reach contention, queues, expiries and stale tokens often instead of
+//! mostly hitting unknown ids.
+
+use std::collections::HashMap;
+
+use leasehold_core::{Command, Event, LockTable, Outcome, Response, Stamp};
+use proptest::prelude::*;
+
+const KEYS: [&str; 3] = ["a", "b", "c"];
+
+/// How a command names a lease.
+#[derive(Debug, Clone, Copy)]
+enum LeaseChoice {
+    /// The n-th most recently granted lease.
+    Recent(usize),
+    /// A raw id, mostly never granted.
+    Raw(u64),
+}
+
+/// How a command names a fence.
+#[derive(Debug, Clone, Copy)]
+enum FenceChoice {
+    /// The current holder's token (0 when free).
+    Current,
+    /// One below the current holder's token: a stale holder.
+    Previous,
+    /// The highest token handed out on any key.
+    Highest,
+    /// A raw value.
+    Raw(u64),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Grant {
+        ttl_ms: u64,
+        holder: String,
+    },
+    KeepAlive(LeaseChoice),
+    Revoke(LeaseChoice),
+    Acquire {
+        lease: LeaseChoice,
+        key: usize,
+        wait_ms: u64,
+        lock_delay_ms: u64,
+        request_id: u64,
+    },
+    CancelWait {
+        lease: LeaseChoice,
+        key: usize,
+        request_id: u64,
+    },
+    Release {
+        key: usize,
+        fence: FenceChoice,
+        request_id: u64,
+    },
+    SaveCheckpoint {
+        key: usize,
+        fence: FenceChoice,
+        data: Vec<u8>,
+    },
+    Tick,
+}
+
+#[derive(Debug, Clone)]
+struct Step {
+    /// Milliseconds since the previous step.
+    dt: u64,
+    /// Whether a new leader took over before this step.
+    new_epoch: bool,
+    op: Op,
+}
+
+fn lease_choice() -> impl Strategy<Value = LeaseChoice> {
+    prop_oneof![
+        8 => (0usize..4).prop_map(LeaseChoice::Recent),
+        1 => prop_oneof![Just(0u64), 1u64..40, Just(u64::MAX)].prop_map(LeaseChoice::Raw),
+    ]
+}
+
+fn fence_choice() -> impl Strategy<Value = FenceChoice> {
+    prop_oneof![
+        5 => Just(FenceChoice::Current),
+        2 => Just(FenceChoice::Previous),
+        1 => Just(FenceChoice::Highest),
+        1 => (0u64..40).prop_map(FenceChoice::Raw),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0usize..KEYS.len();
+    let request_id = prop_oneof![2 => Just(0u64), 1 => 1u64..6];
+    prop_oneof![
+        3 => (prop_oneof![1 => Just(0u64), 12 => 50u64..600], "[a-z]{0,3}")
+            .prop_map(|(ttl_ms, holder)| Op::Grant { ttl_ms, holder }),
+        2 => lease_choice().prop_map(Op::KeepAlive),
+        1 => lease_choice().prop_map(Op::Revoke),
+        6 => (lease_choice(), key.clone(), prop_oneof![Just(0u64), 1u64..400], prop_oneof![Just(0u64), 1u64..150], request_id.clone())
+            .prop_map(|(lease, key, wait_ms, lock_delay_ms, request_id)| Op::Acquire { lease, key, wait_ms, lock_delay_ms, request_id }),
+        1 => (lease_choice(), key.clone(), request_id.clone())
+            .prop_map(|(lease, key, request_id)| Op::CancelWait { lease, key, request_id }),
+        4 => (key.clone(), fence_choice(), request_id).prop_map(|(key, fence, request_id)| Op::Release { key, fence, request_id }),
+        1 => (key, fence_choice(), prop::collection::vec(any::<u8>(), 0..4))
+            .prop_map(|(key, fence, data)| Op::SaveCheckpoint { key, fence, data }),
+        1 => Just(Op::Tick),
+    ]
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        (
+            prop_oneof![4 => 0u64..30, 1 => 30u64..300],
+            prop::bool::weighted(0.02),
+            op(),
+        )
+            .prop_map(|(dt, new_epoch, op)| Step { dt, new_epoch, op }),
+        1..150,
+    )
+}
+
+/// Replays steps, checking every property after every step.
+#[derive(Clone)]
+struct Checker {
+    table: LockTable,
+    now: u64,
+    epoch: u64,
+    granted: Vec<u64>,
+    /// Who holds each key, and with which token, according to the events.
+    holders: HashMap<String, (u64, u64)>,
+    highest_fence: u64,
+    /// What was applied, for replays.
+    log: Vec<(Stamp, Command, Outcome, Vec<Event>)>,
+}
+
+impl Checker {
+    fn new() -> Self {
+        Checker {
+            table: LockTable::new(),
+            now: 0,
+            epoch: 1,
+            granted: Vec::new(),
+            holders: HashMap::new(),
+            highest_fence: 0,
+            log: Vec::new(),
+        }
+    }
+
+    fn lease(&self, choice: LeaseChoice) -> u64 {
+        match choice {
+            LeaseChoice::Recent(n) if n < self.granted.len() => {
+                self.granted[self.granted.len() - 1 - n]
+            }
+            LeaseChoice::Recent(n) => n as u64 + 1_000,
+            LeaseChoice::Raw(id) => id,
+        }
+    }
+
+    fn fence(&self, key: &str, choice: FenceChoice) -> u64 {
+        let current = self.holders.get(key).map_or(0, |h| h.1);
+        match choice {
+            FenceChoice::Current => current,
+            FenceChoice::Previous => current.saturating_sub(1),
+            FenceChoice::Highest => self.highest_fence,
+            FenceChoice::Raw(f) => f,
+        }
+    }
+
+    fn command(&self, op: &Op) -> Command {
+        match op.clone() {
+            Op::Grant { ttl_ms, holder } => Command::Grant { ttl_ms, holder },
+            Op::KeepAlive(l) => Command::KeepAlive {
+                lease: self.lease(l),
+            },
+            Op::Revoke(l) => Command::Revoke {
+                lease: self.lease(l),
+            },
+            Op::Acquire {
+                lease,
+                key,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+            } => Command::Acquire {
+                lease: self.lease(lease),
+                key: KEYS[key].into(),
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+            },
+            Op::CancelWait {
+                lease,
+                key,
+                request_id,
+            } => Command::CancelWait {
+                lease: self.lease(lease),
+                key: KEYS[key].into(),
+                request_id,
+            },
+            Op::Release {
+                key,
+                fence,
+                request_id,
+            } => Command::Release {
+                key: KEYS[key].into(),
+                fence: self.fence(KEYS[key], fence),
+                request_id,
+            },
+            Op::SaveCheckpoint { key, fence, data } => Command::SaveCheckpoint {
+                key: KEYS[key].into(),
+                fence: self.fence(KEYS[key], fence),
+                data,
+            },
+            Op::Tick => Command::Tick,
+        }
+    }
+
+    fn step(&mut self, step: &Step) -> Result<(), TestCaseError> {
+        self.now += step.dt;
+        if step.new_epoch {
+            self.epoch += 1;
+        }
+        let stamp = Stamp {
+            now: self.now,
+            epoch: self.epoch,
+        };
+
+        // What the table is once time alone has passed: a refused command must
+        // leave exactly this, and the holders the events report must match it.
+        let mut time_only = self.table.clone();
+        let mut time_events = Vec::new();
+        time_only.apply(stamp, Command::Tick, &mut time_events).ok();
+        self.observe(&time_events)?;
+        let before: HashMap<String, (u64, u64)> = self.holders.clone();
+
+        let command = self.command(&step.op);
+        let mut events = Vec::new();
+        let outcome = self.table.apply(stamp, command.clone(), &mut events);
+        self.table.check_invariants().map_err(TestCaseError::fail)?;
+
+        // Events from the passage of time come first and are the same ones.
+        prop_assert_eq!(&events[..time_events.len()], &time_events[..]);
+        self.observe(&events[time_events.len()..])?;
+
+        // A stale token never releases or writes anything.
+        if let Command::Release { key, fence, .. } | Command::SaveCheckpoint { key, fence, .. } =
+            &command
+        {
+            let holds = before.get(key).is_some_and(|h| h.1 == *fence);
+            let retried =
+                matches!(&command, Command::Release { request_id, .. } if *request_id != 0);
+            if !holds && !retried {
+                prop_assert!(
+                    outcome.is_err(),
+                    "{:?} with a stale token succeeded: {:?}",
+                    command,
+                    outcome
+                );
+            }
+        }
+        if outcome.is_err() {
+            prop_assert_eq!(
+                &time_only,
+                &self.table,
+                "refused {:?} changed state: {:?}",
+                command,
+                outcome
+            );
+        }
+        if let Ok(Response::LeaseGranted { lease, .. }) = &outcome {
+            self.granted.push(*lease);
+        }
+
+        for key in KEYS {
+            let held = self
+                .table
+                .lock(key, self.now)
+                .and_then(|l| l.holder)
+                .map(|h| (h.lease, h.fence));
+            prop_assert_eq!(
+                held,
+                self.holders.get(key).copied(),
+                "events and table disagree on {}",
+                key
+            );
+        }
+        self.log.push((stamp, command, outcome, events));
+        Ok(())
+    }
+
+    fn observe(&mut self, events: &[Event]) -> Result<(), TestCaseError> {
+        for event in events {
+            match event {
+                Event::Acquired {
+                    key, fence, lease, ..
+                } => {
+                    prop_assert!(
+                        !self.holders.contains_key(&**key),
+                        "{} granted to lease {} while held by {:?}",
+                        key,
+                        lease,
+                        self.holders.get(&**key)
+                    );
+                    prop_assert!(
+                        *fence > self.highest_fence,
+                        "fence {} not above {}",
+                        fence,
+                        self.highest_fence
+                    );
+                    self.highest_fence = *fence;
+                    self.holders.insert(key.to_string(), (*lease, *fence));
+                }
+                Event::Released {
+                    key, lease, fence, ..
+                }
+                | Event::Expired {
+                    key, lease, fence, ..
+                } => {
+                    prop_assert_eq!(self.holders.remove(&**key), Some((*lease, *fence)));
+                }
+                Event::WaitEnded { .. } | Event::LeaseExpired { .. } => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// At most one holder per key; every grant's token is above every earlier one;
+    /// a stale release or renewal is refused and changes nothing; expired leases
+    /// free their keys and queues advance in the same step (`check_invariants`
+    /// refuses a live lease past its deadline and a free key with a queue).
+    #[test]
+    fn random_sequences_keep_every_property(steps in steps()) {
+        let mut checker = Checker::new();
+        for step in &steps {
+            checker.step(step)?;
+        }
+    }
+
+    /// The same commands from the same snapshot give the same state, answers and events.
+    #[test]
+    fn replay_from_a_snapshot_is_deterministic(prefix in steps(), rest in steps()) {
+        let mut checker = Checker::new();
+        for step in &prefix {
+            checker.step(step)?;
+        }
+        let snapshot = bincode::serialize(&checker.table).expect("serialize");
+        let split = checker.log.len();
+        for step in &rest {
+            checker.step(step)?;
+        }
+        let mut restored: LockTable = bincode::deserialize(&snapshot).expect("deserialize");
+        for (stamp, command, outcome, events) in &checker.log[split..] {
+            let mut replayed = Vec::new();
+            let again = restored.apply(*stamp, command.clone(), &mut replayed);
+            prop_assert_eq!(&again, outcome);
+            prop_assert_eq!(&replayed, events);
+        }
+        prop_assert_eq!(&restored, &checker.table);
+        prop_assert_eq!(bincode::serialize(&restored).expect("serialize"), bincode::serialize(&checker.table).expect("serialize"));
+    }
+}
+
+/// Guards the generator: random runs must reach the interesting cases.
+#[test]
+fn random_runs_reach_contention_queues_and_expiry() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for _ in 0..100 {
+        let steps = steps().new_tree(&mut runner).expect("tree").current();
+        let mut checker = Checker::new();
+        for step in &steps {
+            checker.step(step).expect("properties hold");
+        }
+        for (_, command, outcome, events) in &checker.log {
+            let name = match outcome {
+                Ok(Response::Acquired(_)) => "acquired",
+                Ok(Response::Queued { .. }) => "queued",
+                Ok(Response::Released) => "released",
+                Err(e) => e.code(),
+                Ok(_) => "other",
+            };
+            *counts.entry(name).or_default() += 1;
+            for e in events {
+                if matches!(e, Event::Expired { .. }) {
+                    *counts.entry("expired").or_default() += 1;
+                }
+                if matches!(e, Event::Acquired { .. })
+                    && !matches!(command, Command::Acquire { .. })
+                {
+                    *counts.entry("granted from a queue").or_default() += 1;
+                }
+            }
+        }
+    }
+    for case in [
+        "acquired",
+        "queued",
+        "released",
+        "held",
+        "stale_fence",
+        "lease_expired",
+        "expired",
+        "lock_delayed",
+    ] {
+        assert!(
+            counts.get(case).copied().unwrap_or(0) >= 5,
+            "too few {case}: {counts:?}"
+        );
+    }
+    assert!(
+        counts.get("granted from a queue").copied().unwrap_or(0) >= 5,
+        "queues never advanced: {counts:?}"
+    );
+}

@@ -1,0 +1,351 @@
+//! Named scenarios from the design, one behaviour each.
+
+use leasehold_core::{Command, Event, LockError, LockTable, Response, Stamp, WaitEnd};
+
+struct T {
+    table: LockTable,
+    now: u64,
+    epoch: u64,
+    events: Vec<Event>,
+}
+
+impl T {
+    fn new() -> Self {
+        T {
+            table: LockTable::new(),
+            now: 0,
+            epoch: 1,
+            events: Vec::new(),
+        }
+    }
+    fn at(&mut self, now: u64) -> &mut Self {
+        self.now = now;
+        self
+    }
+    fn run(&mut self, command: Command) -> Result<Response, LockError> {
+        self.events.clear();
+        let out = self.table.apply(
+            Stamp {
+                now: self.now,
+                epoch: self.epoch,
+            },
+            command,
+            &mut self.events,
+        );
+        self.table.check_invariants().expect("invariants");
+        out
+    }
+    fn lease(&mut self, ttl_ms: u64, holder: &str) -> u64 {
+        match self.run(Command::Grant {
+            ttl_ms,
+            holder: holder.into(),
+        }) {
+            Ok(Response::LeaseGranted { lease, .. }) => lease,
+            other => panic!("grant: {other:?}"),
+        }
+    }
+    fn acquire(&mut self, lease: u64, key: &str, wait_ms: u64) -> Result<Response, LockError> {
+        self.run(Command::Acquire {
+            lease,
+            key: key.into(),
+            wait_ms,
+            lock_delay_ms: 0,
+            request_id: 0,
+        })
+    }
+    fn fence(&mut self, lease: u64, key: &str) -> u64 {
+        match self.acquire(lease, key, 0) {
+            Ok(Response::Acquired(g)) => g.fence,
+            other => panic!("acquire: {other:?}"),
+        }
+    }
+    fn granted(&self) -> Vec<(String, u64, u64)> {
+        self.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Acquired {
+                    key, lease, fence, ..
+                } => Some((key.to_string(), *lease, *fence)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn contention_names_the_holder() {
+    let mut t = T::new();
+    let a = t.lease(1_000, "host-a");
+    let b = t.lease(1_000, "host-b");
+    let fence = t.fence(a, "job");
+    match t.acquire(b, "job", 0) {
+        Err(LockError::Held {
+            holder,
+            lease,
+            fence: f,
+            ..
+        }) => {
+            assert_eq!((holder.as_str(), lease, f), ("host-a", a, fence));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn waiters_are_granted_in_fifo_order_in_the_step_that_frees_the_key() {
+    let mut t = T::new();
+    let [a, b, c, d] = ["a", "b", "c", "d"].map(|h| t.lease(10_000, h));
+    let fa = t.fence(a, "k");
+    for w in [c, b, d] {
+        assert!(matches!(
+            t.acquire(w, "k", 5_000),
+            Ok(Response::Queued { .. })
+        ));
+    }
+    t.run(Command::Release {
+        key: "k".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    let g = t.granted();
+    assert_eq!(g.len(), 1);
+    assert_eq!(g[0].1, c);
+    assert!(g[0].2 > fa);
+    let fc = g[0].2;
+    t.run(Command::Revoke { lease: c }).unwrap();
+    assert_eq!(t.granted()[0].1, b);
+    assert!(t.granted()[0].2 > fc);
+}
+
+#[test]
+fn expiry_frees_the_key_and_grants_the_next_waiter() {
+    let mut t = T::new();
+    let a = t.lease(100, "a");
+    let b = t.lease(10_000, "b");
+    t.fence(a, "k");
+    t.acquire(b, "k", 5_000).unwrap();
+    t.at(99).run(Command::Tick).unwrap();
+    assert!(t.granted().is_empty());
+    t.at(100).run(Command::Tick).unwrap();
+    assert!(t
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Expired { lease, .. } if *lease == a)));
+    assert_eq!(t.granted()[0].1, b);
+}
+
+#[test]
+fn renewal_after_expiry_is_a_distinct_error() {
+    let mut t = T::new();
+    let a = t.lease(100, "a");
+    t.at(50).run(Command::KeepAlive { lease: a }).unwrap();
+    t.at(149).run(Command::KeepAlive { lease: a }).unwrap();
+    assert_eq!(
+        t.at(249).run(Command::KeepAlive { lease: a }),
+        Err(LockError::LeaseExpired { lease: a })
+    );
+    assert_eq!(
+        t.run(Command::KeepAlive { lease: 99 }),
+        Err(LockError::LeaseNotFound { lease: 99 })
+    );
+}
+
+#[test]
+fn stale_release_changes_nothing_and_names_both_tokens() {
+    let mut t = T::new();
+    let a = t.lease(100, "a");
+    let old = t.fence(a, "k");
+    t.at(200).run(Command::Tick).unwrap();
+    let b = t.lease(1_000, "b");
+    let new = t.fence(b, "k");
+    let before = t.table.clone();
+    let err = t
+        .run(Command::Release {
+            key: "k".into(),
+            fence: old,
+            request_id: 0,
+        })
+        .unwrap_err();
+    assert_eq!(
+        err,
+        LockError::StaleFence {
+            key: "k".into(),
+            presented: old,
+            current: Some(new)
+        }
+    );
+    assert!(err
+        .to_string()
+        .contains(&format!("presented {old}, current {new}")));
+    assert_eq!(t.table, before);
+}
+
+#[test]
+fn the_next_holder_receives_the_checkpoint() {
+    let mut t = T::new();
+    let a = t.lease(1_000, "a");
+    let b = t.lease(1_000, "b");
+    let fa = t.fence(a, "job");
+    t.run(Command::SaveCheckpoint {
+        key: "job".into(),
+        fence: fa,
+        data: b"item 41".to_vec(),
+    })
+    .unwrap();
+    t.run(Command::Release {
+        key: "job".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    match t.acquire(b, "job", 0) {
+        Ok(Response::Acquired(g)) => {
+            let cp = g.checkpoint.expect("checkpoint");
+            assert_eq!((&*cp.data, cp.fence), (&b"item 41"[..], fa));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A stale holder cannot overwrite it.
+    let err = t.run(Command::SaveCheckpoint {
+        key: "job".into(),
+        fence: fa,
+        data: b"x".to_vec(),
+    });
+    assert!(matches!(err, Err(LockError::StaleFence { .. })));
+}
+
+#[test]
+fn lock_delay_applies_after_expiry_but_not_after_release() {
+    let mut t = T::new();
+    let a = t.lease(100, "a");
+    let b = t.lease(10_000, "b");
+    t.run(Command::Acquire {
+        lease: a,
+        key: "k".into(),
+        wait_ms: 0,
+        lock_delay_ms: 500,
+        request_id: 0,
+    })
+    .unwrap();
+    t.at(100).run(Command::Tick).unwrap();
+    assert!(matches!(
+        t.acquire(b, "k", 0),
+        Err(LockError::LockDelayed { left_ms: 500, .. })
+    ));
+    t.acquire(b, "k", 1_000).unwrap();
+    t.at(599).run(Command::Tick).unwrap();
+    assert!(t.granted().is_empty());
+    t.at(600).run(Command::Tick).unwrap();
+    assert_eq!(t.granted()[0].1, b);
+
+    let c = t.lease(10_000, "c");
+    let fc = t.fence(c, "clean");
+    t.run(Command::Release {
+        key: "clean".into(),
+        fence: fc,
+        request_id: 0,
+    })
+    .unwrap();
+    t.fence(b, "clean");
+}
+
+#[test]
+fn a_new_epoch_gives_every_lease_its_full_ttl_again() {
+    let mut t = T::new();
+    let a = t.lease(1_000, "a");
+    t.fence(a, "k");
+    t.epoch = 2;
+    t.at(900).run(Command::Tick).unwrap();
+    t.at(1_800).run(Command::Tick).unwrap();
+    assert!(
+        t.table.lock("k", 1_800).and_then(|l| l.holder).is_some(),
+        "expired early after a leader change"
+    );
+    t.at(1_900).run(Command::Tick).unwrap();
+    assert!(t.table.lock("k", 1_900).is_none());
+}
+
+#[test]
+fn a_retried_request_id_never_acts_twice() {
+    let mut t = T::new();
+    let a = t.lease(10_000, "a");
+    let acquire = Command::Acquire {
+        lease: a,
+        key: "k".into(),
+        wait_ms: 0,
+        lock_delay_ms: 0,
+        request_id: 7,
+    };
+    let first = t.run(acquire.clone()).unwrap();
+    let Response::Acquired(g) = &first else {
+        panic!()
+    };
+    t.run(Command::Release {
+        key: "k".into(),
+        fence: g.fence,
+        request_id: 8,
+    })
+    .unwrap();
+    // The reply to the acquire was lost and it is retried after the release:
+    // the first answer comes back and nothing is granted.
+    assert_eq!(t.run(acquire).unwrap(), first);
+    assert!(t.events.is_empty());
+    assert!(t.table.lock("k", t.now).is_none());
+    assert_eq!(
+        t.run(Command::Release {
+            key: "k".into(),
+            fence: g.fence,
+            request_id: 8
+        }),
+        Ok(Response::Released)
+    );
+}
+
+#[test]
+fn a_cancelled_wait_takes_back_a_grant_its_caller_never_saw() {
+    let mut t = T::new();
+    let a = t.lease(10_000, "a");
+    let b = t.lease(10_000, "b");
+    let fa = t.fence(a, "k");
+    t.run(Command::Acquire {
+        lease: b,
+        key: "k".into(),
+        wait_ms: 5_000,
+        lock_delay_ms: 0,
+        request_id: 3,
+    })
+    .unwrap();
+    t.run(Command::Release {
+        key: "k".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    assert_eq!(t.granted()[0].1, b);
+    t.run(Command::CancelWait {
+        lease: b,
+        key: "k".into(),
+        request_id: 3,
+    })
+    .unwrap();
+    assert!(t.table.lock("k", t.now).is_none());
+    // A wait that times out leaves the queue.
+    let fa = t.fence(a, "k");
+    t.acquire(b, "k", 100).unwrap();
+    t.at(t.now + 100).run(Command::Tick).unwrap();
+    assert!(t.events.iter().any(|e| matches!(
+        e,
+        Event::WaitEnded {
+            reason: WaitEnd::TimedOut,
+            ..
+        }
+    )));
+    t.run(Command::Release {
+        key: "k".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    assert!(t.granted().is_empty());
+}
