@@ -1,0 +1,117 @@
+//! One mapping from errors to gRPC statuses and HTTP responses.
+//!
+//! | code               | gRPC                  | HTTP |
+//! |--------------------|-----------------------|------|
+//! | `invalid_argument` | `INVALID_ARGUMENT`    | 400  |
+//! | `lease_not_found`  | `NOT_FOUND`           | 404  |
+//! | `lease_expired`    | `FAILED_PRECONDITION` | 410  |
+//! | `held`             | `FAILED_PRECONDITION` | 409  |
+//! | `lock_delayed`     | `FAILED_PRECONDITION` | 409  |
+//! | `stale_fence`      | `FAILED_PRECONDITION` | 409  |
+//! | `wait_timeout`     | `DEADLINE_EXCEEDED`   | 408  |
+//! | `not_leader`       | `UNAVAILABLE`         | 503  |
+//! | `unavailable`      | `UNAVAILABLE`         | 503  |
+//! | `internal`         | `INTERNAL`            | 500  |
+//!
+//! gRPC statuses carry the code in the `leasehold-code` metadata entry, plus
+//! `leasehold-holder`, `leasehold-lease` and `leasehold-fence` for `held`,
+//! `leasehold-current-fence` for `stale_fence`, and `leasehold-leader` for
+//! `not_leader`. HTTP bodies are `{"error": {"code", "message", ...}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use leasehold_core::LockError;
+use serde_json::json;
+use tonic::metadata::MetadataValue;
+
+use crate::raft::ConsensusError;
+use crate::service::ApiError;
+
+fn grpc_code(e: &ApiError) -> tonic::Code {
+    match e {
+        ApiError::Lock(LockError::Invalid { .. }) => tonic::Code::InvalidArgument,
+        ApiError::Lock(LockError::LeaseNotFound { .. }) => tonic::Code::NotFound,
+        ApiError::Lock(LockError::WaitTimeout { .. }) => tonic::Code::DeadlineExceeded,
+        ApiError::Lock(_) => tonic::Code::FailedPrecondition,
+        ApiError::Consensus(_) => tonic::Code::Unavailable,
+        ApiError::Internal(_) => tonic::Code::Internal,
+    }
+}
+
+fn http_status(e: &ApiError) -> StatusCode {
+    match e {
+        ApiError::Lock(LockError::Invalid { .. }) => StatusCode::BAD_REQUEST,
+        ApiError::Lock(LockError::LeaseNotFound { .. }) => StatusCode::NOT_FOUND,
+        ApiError::Lock(LockError::LeaseExpired { .. }) => StatusCode::GONE,
+        ApiError::Lock(LockError::WaitTimeout { .. }) => StatusCode::REQUEST_TIMEOUT,
+        ApiError::Lock(_) => StatusCode::CONFLICT,
+        ApiError::Consensus(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Extra fields that let a caller act on the error without parsing the message.
+fn details(e: &ApiError) -> Vec<(&'static str, String)> {
+    match e {
+        ApiError::Lock(LockError::Held {
+            holder,
+            lease,
+            fence,
+            ..
+        }) => vec![
+            ("holder", holder.clone()),
+            ("lease", lease.to_string()),
+            ("fence", fence.to_string()),
+        ],
+        ApiError::Lock(LockError::StaleFence {
+            presented, current, ..
+        }) => {
+            let mut d = vec![("presented-fence", presented.to_string())];
+            if let Some(c) = current {
+                d.push(("current-fence", c.to_string()));
+            }
+            d
+        }
+        ApiError::Lock(LockError::LockDelayed { left_ms, .. }) => {
+            vec![("delay-left-ms", left_ms.to_string())]
+        }
+        ApiError::Consensus(ConsensusError::NotLeader { leader: Some(l) }) => {
+            vec![("leader", l.clone())]
+        }
+        _ => Vec::new(),
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(e: ApiError) -> Self {
+        let mut status = tonic::Status::new(grpc_code(&e), e.to_string());
+        let md = status.metadata_mut();
+        md.insert("leasehold-code", MetadataValue::from_static(e.code()));
+        for (name, value) in details(&e) {
+            let key = format!("leasehold-{name}");
+            if let (Ok(k), Ok(v)) = (
+                tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+                MetadataValue::try_from(value.as_str()),
+            ) {
+                md.insert(k, v);
+            }
+        }
+        status
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = serde_json::Map::new();
+        body.insert("code".into(), json!(self.code()));
+        body.insert("message".into(), json!(self.to_string()));
+        for (name, value) in details(&self) {
+            let name = name.replace('-', "_");
+            let v = value
+                .parse::<u64>()
+                .map_or_else(|_| json!(value), |n| json!(n));
+            body.insert(name, v);
+        }
+        (http_status(&self), axum::Json(json!({ "error": body }))).into_response()
+    }
+}

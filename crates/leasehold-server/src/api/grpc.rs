@@ -1,0 +1,209 @@
+//! The gRPC surface (`proto/leasehold.proto`).
+
+use std::pin::Pin;
+
+use futures::Stream;
+use leasehold_core::{LeaseView, LockError, LockView};
+use leasehold_proto::v1 as pb;
+use pb::leasehold_server::{Leasehold, LeaseholdServer};
+use tonic::{Request, Response, Status};
+
+use crate::service::{AcquireArgs, LockService};
+
+/// The tonic service over `service`.
+pub fn server(service: LockService) -> LeaseholdServer<Grpc> {
+    LeaseholdServer::new(Grpc { service })
+}
+
+/// Implements the generated `Leasehold` trait.
+pub struct Grpc {
+    service: LockService,
+}
+
+fn lock_info(key: &str, view: Option<LockView>) -> pb::LockInfo {
+    let Some(v) = view else {
+        return pb::LockInfo {
+            key: key.to_string(),
+            ..Default::default()
+        };
+    };
+    pb::LockInfo {
+        key: v.key,
+        holder: v.holder.map(|h| pb::Holder {
+            lease_id: h.lease,
+            holder: h.holder,
+            fence: h.fence,
+            ttl_left_ms: h.ttl_left_ms,
+        }),
+        waiters: v
+            .waiters
+            .into_iter()
+            .map(|w| pb::Waiter {
+                lease_id: w.lease,
+                holder: w.holder,
+                wait_left_ms: w.wait_left_ms,
+            })
+            .collect(),
+        has_checkpoint: v.has_checkpoint,
+        delay_left_ms: v.delay_left_ms,
+    }
+}
+
+fn lease_info(v: LeaseView) -> pb::LeaseInfo {
+    pb::LeaseInfo {
+        lease_id: v.lease,
+        holder: v.holder,
+        ttl_ms: v.ttl_ms,
+        ttl_left_ms: v.ttl_left_ms,
+        keys: v.keys,
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LockEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Leasehold for Grpc {
+    async fn grant(
+        &self,
+        request: Request<pb::GrantRequest>,
+    ) -> Result<Response<pb::GrantResponse>, Status> {
+        let r = request.into_inner();
+        let (lease_id, ttl_ms) = self.service.grant(r.ttl_ms, r.holder).await?;
+        Ok(Response::new(pb::GrantResponse { lease_id, ttl_ms }))
+    }
+
+    async fn keep_alive(
+        &self,
+        request: Request<pb::KeepAliveRequest>,
+    ) -> Result<Response<pb::KeepAliveResponse>, Status> {
+        let ttl_ms = self
+            .service
+            .keep_alive(request.into_inner().lease_id)
+            .await?;
+        Ok(Response::new(pb::KeepAliveResponse { ttl_ms }))
+    }
+
+    async fn revoke(
+        &self,
+        request: Request<pb::RevokeRequest>,
+    ) -> Result<Response<pb::RevokeResponse>, Status> {
+        let released = self.service.revoke(request.into_inner().lease_id).await?;
+        Ok(Response::new(pb::RevokeResponse { released }))
+    }
+
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let r = request.into_inner();
+        let grant = self
+            .service
+            .acquire(AcquireArgs {
+                lease: r.lease_id,
+                key: r.key,
+                wait_ms: r.wait_ms,
+                lock_delay_ms: r.lock_delay_ms,
+                request_id: r.request_id,
+            })
+            .await?;
+        Ok(Response::new(pb::AcquireResponse {
+            fence: grant.fence,
+            checkpoint_fence: grant.checkpoint.as_ref().map_or(0, |c| c.fence),
+            checkpoint: grant.checkpoint.map(|c| c.data.to_vec()),
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let r = request.into_inner();
+        self.service.release(r.key, r.fence, r.request_id).await?;
+        Ok(Response::new(pb::ReleaseResponse {}))
+    }
+
+    async fn save_checkpoint(
+        &self,
+        request: Request<pb::SaveCheckpointRequest>,
+    ) -> Result<Response<pb::SaveCheckpointResponse>, Status> {
+        let r = request.into_inner();
+        self.service.save_checkpoint(r.key, r.fence, r.data).await?;
+        Ok(Response::new(pb::SaveCheckpointResponse {}))
+    }
+
+    async fn describe_lock(
+        &self,
+        request: Request<pb::DescribeLockRequest>,
+    ) -> Result<Response<pb::LockInfo>, Status> {
+        let key = request.into_inner().key;
+        let view = self.service.lock(&key).await?;
+        Ok(Response::new(lock_info(&key, view)))
+    }
+
+    async fn list_locks(
+        &self,
+        request: Request<pb::ListLocksRequest>,
+    ) -> Result<Response<pb::ListLocksResponse>, Status> {
+        let r = request.into_inner();
+        let locks = self.service.locks(&r.prefix, r.limit as usize).await?;
+        Ok(Response::new(pb::ListLocksResponse {
+            locks: locks.into_iter().map(|v| lock_info("", Some(v))).collect(),
+        }))
+    }
+
+    async fn describe_lease(
+        &self,
+        request: Request<pb::DescribeLeaseRequest>,
+    ) -> Result<Response<pb::LeaseInfo>, Status> {
+        let lease = request.into_inner().lease_id;
+        match self.service.lease(lease).await? {
+            Some(v) => Ok(Response::new(lease_info(v))),
+            None => Err(crate::service::ApiError::from(LockError::LeaseNotFound { lease }).into()),
+        }
+    }
+
+    async fn list_leases(
+        &self,
+        request: Request<pb::ListLeasesRequest>,
+    ) -> Result<Response<pb::ListLeasesResponse>, Status> {
+        let leases = self
+            .service
+            .leases(request.into_inner().limit as usize)
+            .await?;
+        Ok(Response::new(pb::ListLeasesResponse {
+            leases: leases.into_iter().map(lease_info).collect(),
+        }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let prefix = request.into_inner().prefix;
+        let watch = self.service.watch(prefix);
+        let stream = futures::stream::unfold(Some(watch), |watch| async move {
+            let mut watch = watch?;
+            match watch.next().await {
+                Ok(e) => {
+                    let kind = match e.kind {
+                        "acquired" => pb::lock_event::Kind::Acquired,
+                        "released" => pb::lock_event::Kind::Released,
+                        _ => pb::lock_event::Kind::Expired,
+                    };
+                    let event = pb::LockEvent {
+                        kind: kind as i32,
+                        key: e.key,
+                        fence: e.fence,
+                        lease_id: e.lease,
+                        holder: e.holder,
+                    };
+                    Some((Ok(event), Some(watch)))
+                }
+                Err(e) => Some((Err(Status::from(e)), None)),
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

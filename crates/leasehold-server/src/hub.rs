@@ -1,0 +1,118 @@
+//! Carries what the state machine did to whoever is waiting for it: queued
+//! acquirers, watch streams and the expiry driver.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use leasehold_core::{Event, Grant, LeaseId, WaitEnd};
+use tokio::sync::{broadcast, oneshot, Notify};
+
+/// How a queued wait ended.
+#[derive(Debug, Clone)]
+pub enum WaitResult {
+    /// The key was granted to the waiting lease.
+    Granted(Grant),
+    /// The wait left the queue without a grant.
+    Ended(WaitEnd),
+}
+
+type WaitKey = (LeaseId, String);
+
+/// Shared between the state machine (which publishes) and the API (which waits).
+pub struct Hub {
+    waiters: Mutex<HashMap<WaitKey, Vec<oneshot::Sender<WaitResult>>>>,
+    watch: broadcast::Sender<Event>,
+    /// Signalled after every applied batch, so the expiry driver can look at
+    /// the next deadline again.
+    pub applied: Notify,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub {
+            waiters: Mutex::new(HashMap::new()),
+            watch: broadcast::channel(4096).0,
+            applied: Notify::new(),
+        }
+    }
+}
+
+impl Hub {
+    fn waiters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<WaitKey, Vec<oneshot::Sender<WaitResult>>>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers interest in how `lease`'s wait for `key` ends. Register before
+    /// proposing the acquire, so a grant in the same step is not missed.
+    pub fn wait_for(&self, lease: LeaseId, key: &str) -> oneshot::Receiver<WaitResult> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters()
+            .entry((lease, key.to_string()))
+            .or_default()
+            .push(tx);
+        rx
+    }
+
+    /// Drops registrations whose receivers are gone.
+    pub fn forget(&self, lease: LeaseId, key: &str) {
+        let mut waiters = self.waiters();
+        let k = (lease, key.to_string());
+        if let Some(list) = waiters.get_mut(&k) {
+            list.retain(|tx| !tx.is_closed());
+            if list.is_empty() {
+                waiters.remove(&k);
+            }
+        }
+    }
+
+    /// A stream of every event from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.watch.subscribe()
+    }
+
+    /// Called by the state machine with the events of one applied entry.
+    pub fn publish(&self, events: &[Event]) {
+        if events.is_empty() {
+            return;
+        }
+        {
+            let mut waiters = self.waiters();
+            if !waiters.is_empty() {
+                for event in events {
+                    let (lease, key, result) = match event {
+                        Event::Acquired {
+                            key,
+                            lease,
+                            fence,
+                            checkpoint,
+                            ..
+                        } => (
+                            *lease,
+                            key,
+                            WaitResult::Granted(Grant {
+                                fence: *fence,
+                                checkpoint: checkpoint.clone(),
+                            }),
+                        ),
+                        Event::WaitEnded { key, lease, reason } => {
+                            (*lease, key, WaitResult::Ended(*reason))
+                        }
+                        _ => continue,
+                    };
+                    if let Some(list) = waiters.remove(&(lease, key.to_string())) {
+                        for tx in list {
+                            let _ = tx.send(result.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if self.watch.receiver_count() > 0 {
+            for event in events {
+                let _ = self.watch.send(event.clone());
+            }
+        }
+    }
+}

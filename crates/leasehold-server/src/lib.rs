@@ -1,0 +1,18 @@
+//! `leaseholdd`, the Leasehold lock server.
+//!
+//! # Layout
+//! - [`raft`]: openraft glue. The lock table from `leasehold-core` is the state
+//!   machine; the log and snapshots live on disk with group commit. All openraft
+//!   types stay in this module.
+//! - [`hub`]: hands applied events to queued acquirers and watch streams.
+//! - [`service`]: the operations, validated at the edge, over [`raft::Consensus`].
+//! - [`expiry`]: the leader's driver that proposes ticks when something is due.
+//! - [`api`]: gRPC (tonic) and HTTP/JSON (axum) on one port, errors mapped in one place.
+//! - [`server`]: wiring, for the binary and for tests.
+
+pub mod api;
+pub mod expiry;
+pub mod hub;
+pub mod raft;
+pub mod server;
+pub mod service;

@@ -1,0 +1,456 @@
+//! The Raft log on disk: append-only segments written by one thread that
+//! batches concurrent appends into a single `fdatasync` (group commit).
+//!
+//! A segment is a sequence of records `[len: u32][crc32: u32][bincode payload]`.
+//! Truncation and purging are themselves records, so nothing is ever rewritten
+//! in place; whole segments below the purge point are deleted. On open, a torn
+//! record at the tail of the last segment (a crash mid-write) is cut off: it was
+//! never acknowledged, because acknowledgement waits for the fsync after it.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{
+    Entry, LogId, OptionalSend, RaftLogId, RaftLogReader, StorageError, StorageIOError, Vote,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{NodeId, TypeConfig};
+
+/// A new segment is started once the current one passes this size.
+const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How a record is read back. Written through [`RecordRef`], which has the
+/// same variants in the same order and so the same encoding.
+#[derive(Deserialize)]
+enum Record {
+    Entry(Entry<TypeConfig>),
+    /// Entries at and after this index are gone.
+    Truncate(u64),
+    /// Entries up to and including this log id are gone (they are in a snapshot).
+    Purge(LogId<NodeId>),
+}
+
+#[derive(Serialize)]
+enum RecordRef<'a> {
+    Entry(&'a Entry<TypeConfig>),
+    Truncate(u64),
+    Purge(LogId<NodeId>),
+}
+
+/// What the log holds in memory: every entry not yet purged.
+#[derive(Default)]
+struct Entries {
+    entries: BTreeMap<u64, Entry<TypeConfig>>,
+    last_purged: Option<LogId<NodeId>>,
+}
+
+/// The Raft log store. Cheap to clone; clones share one log.
+#[derive(Clone)]
+pub struct LogStore {
+    entries: Arc<Mutex<Entries>>,
+    writer: mpsc::Sender<Job>,
+    vote_path: PathBuf,
+}
+
+enum Job {
+    Write {
+        bytes: Vec<u8>,
+        /// The highest entry index in `bytes`, if it holds entries.
+        last_index: Option<u64>,
+        /// Segments wholly at or below this index may be deleted after the write.
+        purge_upto: Option<u64>,
+        done: Option<LogFlushed<TypeConfig>>,
+    },
+    /// Answers once everything queued before it is durable.
+    Sync(std::sync::mpsc::SyncSender<io::Result<()>>),
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn any(e: io::Error) -> openraft::AnyError {
+    openraft::AnyError::new(&e)
+}
+
+fn encode(record: &RecordRef<'_>, out: &mut Vec<u8>) -> io::Result<()> {
+    let payload = bincode::serialize(record).map_err(io_err)?;
+    let len = u32::try_from(payload.len()).map_err(io_err)?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(())
+}
+
+fn segment_path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(format!("{number:020}.seg"))
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl LogStore {
+    /// Opens (or creates) the log under `dir`, replaying what is there.
+    pub fn open(dir: &Path) -> io::Result<LogStore> {
+        let log_dir = dir.join("log");
+        fs::create_dir_all(&log_dir)?;
+        let mut numbers: Vec<u64> = fs::read_dir(&log_dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
+            .collect();
+        numbers.sort_unstable();
+
+        let mut state = Entries::default();
+        // (segment number, highest entry index written to it)
+        let mut segments: Vec<(u64, u64)> = Vec::new();
+        for (i, &number) in numbers.iter().enumerate() {
+            let path = segment_path(&log_dir, number);
+            let is_last = i + 1 == numbers.len();
+            let mut highest = 0;
+            let good_len = replay_segment(&path, is_last, |record| match record {
+                Record::Entry(entry) => {
+                    highest = highest.max(entry.log_id.index);
+                    state.entries.insert(entry.log_id.index, entry);
+                }
+                Record::Truncate(since) => {
+                    state.entries.split_off(&since);
+                }
+                Record::Purge(log_id) => {
+                    state.entries = state.entries.split_off(&(log_id.index + 1));
+                    state.last_purged = Some(log_id);
+                }
+            })?;
+            if is_last {
+                let file = OpenOptions::new().write(true).open(&path)?;
+                if file.metadata()?.len() != good_len {
+                    tracing::warn!(segment = %path.display(), at = good_len, "cutting a torn record off the log tail");
+                    file.set_len(good_len)?;
+                    file.sync_all()?;
+                }
+            }
+            segments.push((number, highest));
+        }
+
+        let (number, file) = match segments.last() {
+            Some(&(number, _)) => (
+                number,
+                OpenOptions::new()
+                    .append(true)
+                    .open(segment_path(&log_dir, number))?,
+            ),
+            None => {
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(segment_path(&log_dir, 1))?;
+                sync_dir(&log_dir)?;
+                segments.push((1, 0));
+                (1, file)
+            }
+        };
+        let size = file.metadata()?.len();
+        let writer = Writer {
+            dir: log_dir,
+            file,
+            number,
+            size,
+            segments,
+        };
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("raft-log-writer".into())
+            .spawn(move || writer.run(rx))?;
+
+        Ok(LogStore {
+            entries: Arc::new(Mutex::new(state)),
+            writer: tx,
+            vote_path: dir.join("vote"),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        // A panic while holding this lock would be a bug in this file; the data
+        // (a map of entries) stays consistent, so keep serving.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn send(&self, job: Job) -> io::Result<()> {
+        self.writer
+            .send(job)
+            .map_err(|_| io_err("log writer stopped"))
+    }
+
+    /// Waits until every record queued so far is on disk.
+    fn sync(&self) -> io::Result<()> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.send(Job::Sync(tx))?;
+        rx.recv().map_err(io_err).and_then(|r| r)
+    }
+}
+
+fn write_error(e: io::Error) -> StorageError<NodeId> {
+    StorageIOError::write_logs(any(e)).into()
+}
+
+/// Reads a segment's records in order. Returns the length of its intact prefix.
+fn replay_segment(path: &Path, is_last: bool, mut f: impl FnMut(Record)) -> io::Result<u64> {
+    let mut bytes = Vec::new();
+    File::open(path)?.read_to_end(&mut bytes)?;
+    let mut at = 0usize;
+    loop {
+        let rest = &bytes[at..];
+        if rest.is_empty() {
+            return Ok(at as u64);
+        }
+        let torn = || -> io::Result<u64> {
+            if is_last {
+                Ok(at as u64)
+            } else {
+                Err(io_err(format!(
+                    "corrupt record in {} at byte {at}",
+                    path.display()
+                )))
+            }
+        };
+        if rest.len() < 8 {
+            return torn();
+        }
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        let Some(payload) = rest.get(8..8 + len) else {
+            return torn();
+        };
+        if crc32fast::hash(payload) != crc {
+            return torn();
+        }
+        match bincode::deserialize::<Record>(payload) {
+            Ok(record) => f(record),
+            Err(_) => return torn(),
+        }
+        at += 8 + len;
+    }
+}
+
+/// Owns the open segment. Runs on its own thread so that the Raft core never
+/// waits for a disk flush: it queues records and is called back when they are
+/// durable.
+struct Writer {
+    dir: PathBuf,
+    file: File,
+    number: u64,
+    size: u64,
+    segments: Vec<(u64, u64)>,
+}
+
+impl Writer {
+    fn run(mut self, rx: mpsc::Receiver<Job>) {
+        let mut batch = Vec::new();
+        while let Ok(first) = rx.recv() {
+            batch.push(first);
+            batch.extend(rx.try_iter());
+            let result = self.write_batch(&mut batch);
+            for job in batch.drain(..) {
+                let r = result
+                    .as_ref()
+                    .map(|_| ())
+                    .map_err(|e| io::Error::new(e.kind(), e.to_string()));
+                match job {
+                    Job::Write {
+                        done: Some(done), ..
+                    } => done.log_io_completed(r),
+                    Job::Write { done: None, .. } => {}
+                    Job::Sync(tx) => {
+                        let _ = tx.send(r);
+                    }
+                }
+            }
+            if let Err(e) = result {
+                // After a failed fsync the kernel may have dropped dirty pages;
+                // nothing written after it can be trusted. Stop accepting writes.
+                tracing::error!(error = %e, "writing the raft log failed; the log is now read-only");
+                return;
+            }
+        }
+    }
+
+    fn write_batch(&mut self, batch: &mut [Job]) -> io::Result<()> {
+        let mut buf = Vec::new();
+        let mut highest = None;
+        let mut purge = None;
+        for job in batch.iter_mut() {
+            if let Job::Write {
+                bytes,
+                last_index,
+                purge_upto,
+                ..
+            } = job
+            {
+                if buf.is_empty() {
+                    std::mem::swap(&mut buf, bytes);
+                } else {
+                    buf.extend_from_slice(bytes);
+                }
+                highest = highest.max(*last_index);
+                purge = purge.max(*purge_upto);
+            }
+        }
+        if !buf.is_empty() {
+            self.file.write_all(&buf)?;
+            self.file.sync_data()?;
+            self.size += buf.len() as u64;
+            if let (Some(h), Some(last)) = (highest, self.segments.last_mut()) {
+                last.1 = last.1.max(h);
+            }
+        }
+        if let Some(upto) = purge {
+            // Delete whole segments that hold nothing above the purge point,
+            // never the open one.
+            while self.segments.len() > 1 && self.segments[0].1 <= upto {
+                let (number, _) = self.segments.remove(0);
+                fs::remove_file(segment_path(&self.dir, number))?;
+            }
+        }
+        if self.size >= SEGMENT_BYTES {
+            let number = self.number + 1;
+            self.file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(segment_path(&self.dir, number))?;
+            sync_dir(&self.dir)?;
+            self.number = number;
+            self.size = 0;
+            self.segments.push((number, 0));
+        }
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        Ok(self
+            .lock()
+            .entries
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let state = self.lock();
+        let last = state.entries.last_key_value().map(|(_, e)| *e.get_log_id());
+        Ok(LogState {
+            last_purged_log_id: state.last_purged,
+            last_log_id: last.or(state.last_purged),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let bytes =
+            serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(any(io_err(e))))?;
+        write_atomically(&self.vote_path, &bytes)
+            .map_err(|e| StorageIOError::write_vote(any(e)).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        match fs::read(&self.vote_path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| StorageIOError::read_vote(any(io_err(e))).into()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StorageIOError::read_vote(any(e)).into()),
+        }
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut bytes = Vec::new();
+        let mut last_index = None;
+        {
+            let mut state = self.lock();
+            for entry in entries {
+                encode(&RecordRef::Entry(&entry), &mut bytes).map_err(write_error)?;
+                last_index = Some(entry.log_id.index);
+                state.entries.insert(entry.log_id.index, entry);
+            }
+        }
+        self.send(Job::Write {
+            bytes,
+            last_index,
+            purge_upto: None,
+            done: Some(callback),
+        })
+        .map_err(write_error)
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.lock().entries.split_off(&log_id.index);
+        let mut bytes = Vec::new();
+        encode(&RecordRef::Truncate(log_id.index), &mut bytes).map_err(write_error)?;
+        self.send(Job::Write {
+            bytes,
+            last_index: None,
+            purge_upto: None,
+            done: None,
+        })
+        .and_then(|()| self.sync())
+        .map_err(write_error)
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        {
+            let mut state = self.lock();
+            state.entries = state.entries.split_off(&(log_id.index + 1));
+            state.last_purged = Some(log_id);
+        }
+        let mut bytes = Vec::new();
+        encode(&RecordRef::Purge(log_id), &mut bytes).map_err(write_error)?;
+        self.send(Job::Write {
+            bytes,
+            last_index: None,
+            purge_upto: Some(log_id.index),
+            done: None,
+        })
+        .map_err(write_error)
+    }
+}
+
+/// Writes a small file so that a crash leaves either the old or the new content.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut file = File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! Consensus: the lock table replicated by openraft.
+//!
+//! Every openraft type stays inside this module; the rest of the server sees
+//! [`Consensus`], which proposes lock-table commands stamped with the leader's
+//! clock and reads the applied table. A single node is a one-member Raft group,
+//! so a cluster is membership plus a peer transport, not a different code path.
+
+mod log_store;
+mod network;
+mod state_machine;
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use leasehold_core::{Command, LockTable, Outcome, Stamp, Time};
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+
+use crate::hub::Hub;
+use log_store::LogStore;
+use state_machine::{Shared, StateMachine};
+
+/// One entry of the replicated log: a command and the leader's stamp on it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Request {
+    /// The leader's clock and term when it proposed the command.
+    pub stamp: Stamp,
+    /// The change to the lock table.
+    pub command: Command,
+}
+
+pub(crate) type NodeId = u64;
+pub(crate) type Node = BasicNode;
+
+openraft::declare_raft_types!(
+    /// Leasehold's openraft configuration.
+    pub TypeConfig:
+        D = Request,
+        R = Outcome,
+        Node = BasicNode,
+);
+
+/// Why a proposal or a read could not be served here.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConsensusError {
+    /// Another node leads; send the request there.
+    #[error("not the leader{}", leader.as_ref().map(|l| format!("; the leader is at {l}")).unwrap_or_default())]
+    NotLeader {
+        /// The leader's address, when known.
+        leader: Option<String>,
+    },
+    /// This node leads but is still catching up its state; retry shortly.
+    #[error("the leader is starting; retry shortly")]
+    Starting,
+    /// The Raft node has stopped (a storage failure or shutdown).
+    #[error("consensus stopped: {0}")]
+    Stopped(String),
+}
+
+/// The leader's clock: table time when this node became leader, plus the
+/// monotonic time elapsed since. Starting from the applied table time keeps
+/// table time continuous across leader changes and restarts.
+#[derive(Clone, Copy)]
+struct LeaderClock {
+    term: u64,
+    epoch: u64,
+    base: Time,
+    started: Instant,
+}
+
+impl LeaderClock {
+    fn now(&self) -> Time {
+        self.base + self.started.elapsed().as_millis() as Time
+    }
+}
+
+/// The epoch a new leadership stamps on its commands: above every epoch
+/// applied so far, so its first command gives every lease its full TTL again.
+///
+/// The term is in the high bits, so a higher term always wins. A restarted
+/// single node may lead again in the same term; the low bits count those
+/// incarnations.
+fn leadership_epoch(term: u64, applied_epoch: u64) -> u64 {
+    const INCARNATION_BITS: u32 = 24;
+    if applied_epoch >> INCARNATION_BITS >= term {
+        applied_epoch + 1
+    } else {
+        term << INCARNATION_BITS
+    }
+}
+
+/// A running Raft node with the lock table as its state machine.
+#[derive(Clone)]
+pub struct Consensus {
+    raft: Raft<TypeConfig>,
+    shared: Arc<Shared>,
+    clock: Arc<Mutex<Option<LeaderClock>>>,
+}
+
+/// Tuning for the Raft node.
+#[derive(Debug, Clone)]
+pub struct RaftOptions {
+    /// Take a snapshot after this many log entries since the last one.
+    pub snapshot_every: u64,
+}
+
+impl Default for RaftOptions {
+    fn default() -> Self {
+        RaftOptions {
+            snapshot_every: 100_000,
+        }
+    }
+}
+
+impl Consensus {
+    /// Opens the log and snapshot under `dir` and starts the node as the only
+    /// member of its group (initializing the group on first start).
+    pub async fn start(
+        dir: &Path,
+        advertise: &str,
+        hub: Arc<Hub>,
+        options: RaftOptions,
+    ) -> anyhow::Result<Consensus> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("create data dir {}", dir.display()))?;
+        let log =
+            LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
+        let sm = StateMachine::open(dir, hub)
+            .with_context(|| format!("open snapshot in {}", dir.display()))?;
+        let shared = sm.shared.clone();
+        let config = Config {
+            cluster_name: "leasehold".into(),
+            heartbeat_interval: 50,
+            election_timeout_min: 150,
+            election_timeout_max: 300,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every),
+            max_in_snapshot_log_to_keep: 1_000,
+            ..Default::default()
+        };
+        let config = Arc::new(config.validate().context("validate raft config")?);
+        let node_id: NodeId = 1;
+        let raft = Raft::new(node_id, config, network::NoPeers, log, sm)
+            .await
+            .context("start raft")?;
+        let members = BTreeMap::from([(
+            node_id,
+            BasicNode {
+                addr: advertise.to_string(),
+            },
+        )]);
+        match raft.initialize(members).await {
+            Ok(()) => tracing::info!("initialized a new single-node group"),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(e) => return Err(e).context("initialize raft group"),
+        }
+        let consensus = Consensus {
+            raft,
+            shared,
+            clock: Arc::new(Mutex::new(None)),
+        };
+        tokio::spawn(consensus.clone().follow_leadership(node_id));
+        Ok(consensus)
+    }
+
+    /// Keeps the leader clock in step with this node's role: set it (from the
+    /// applied table time) once this node leads with an up-to-date state
+    /// machine, clear it when it stops leading.
+    async fn follow_leadership(self, me: NodeId) {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let (leading, term) = {
+                let m = metrics.borrow_and_update();
+                (
+                    m.state == ServerState::Leader && m.current_leader == Some(me),
+                    m.current_term,
+                )
+            };
+            let current = self.clock().map(|c| c.term);
+            if !leading {
+                self.set_clock(None);
+            } else if current != Some(term) {
+                // Wait until everything committed before this term is applied,
+                // so the clock starts from the latest table time.
+                match self.raft.ensure_linearizable().await {
+                    Ok(_) => {
+                        let (base, applied_epoch) = {
+                            let applied = self.shared.lock();
+                            (applied.table.now(), applied.table.epoch())
+                        };
+                        let epoch = leadership_epoch(term, applied_epoch);
+                        tracing::info!(
+                            term,
+                            epoch,
+                            table_time = base,
+                            "leading; expiry driver armed"
+                        );
+                        self.set_clock(Some(LeaderClock {
+                            term,
+                            epoch,
+                            base,
+                            started: Instant::now(),
+                        }));
+                        // The first command of the new epoch restamps every lease.
+                        if let Err(e) = self.propose(Command::Tick).await {
+                            tracing::debug!(error = %e, "first tick of a new leadership");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "not yet able to lead");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn clock(&self) -> Option<LeaderClock> {
+        *self.clock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_clock(&self, clock: Option<LeaderClock>) {
+        *self.clock.lock().unwrap_or_else(|e| e.into_inner()) = clock;
+    }
+
+    fn not_leader(&self) -> ConsensusError {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| n.addr.clone())
+        });
+        match (m.state, m.current_leader) {
+            (ServerState::Leader, _) => ConsensusError::Starting,
+            _ => ConsensusError::NotLeader { leader },
+        }
+    }
+
+    /// The leader's current time, if this node leads.
+    pub fn now(&self) -> Option<Time> {
+        self.clock().map(|c| c.now())
+    }
+
+    /// Stamps `command` with the leader's clock, replicates it durably and
+    /// applies it. Answers once the entry is on disk and applied.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, ConsensusError> {
+        let Some(clock) = self.clock() else {
+            return Err(self.not_leader());
+        };
+        let request = Request {
+            stamp: Stamp {
+                now: clock.now(),
+                epoch: clock.epoch,
+            },
+            command,
+        };
+        match self.raft.client_write(request).await {
+            Ok(response) => Ok(response.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ConsensusError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Err(e) => Err(ConsensusError::Stopped(e.to_string())),
+        }
+    }
+
+    /// Reads the applied table after confirming leadership (a linearizable read),
+    /// passing the leader's current time for TTLs left.
+    pub async fn read<T>(
+        &self,
+        f: impl FnOnce(&LockTable, Time) -> T,
+    ) -> Result<T, ConsensusError> {
+        if self.raft.ensure_linearizable().await.is_err() {
+            return Err(self.not_leader());
+        }
+        let Some(now) = self.now() else {
+            return Err(self.not_leader());
+        };
+        let applied = self.shared.lock();
+        Ok(f(&applied.table, now))
+    }
+
+    /// Reads the applied table as it stands here, without a leadership check.
+    pub fn read_local<T>(&self, f: impl FnOnce(&LockTable) -> T) -> T {
+        f(&self.shared.lock().table)
+    }
+
+    /// The hub this node's state machine publishes to.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.shared.hub
+    }
+
+    /// Waits until this node's role may have changed.
+    pub async fn role_changed(&self) {
+        let mut metrics = self.raft.metrics();
+        let _ = metrics.changed().await;
+    }
+
+    /// The index of the last applied log entry.
+    pub fn last_applied(&self) -> u64 {
+        self.shared.lock().last_applied.map_or(0, |l| l.index)
+    }
+
+    /// Stops the Raft node.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leadership_epoch;
+
+    #[test]
+    fn every_leadership_gets_a_higher_epoch() {
+        let first = leadership_epoch(1, 0);
+        let restarted = leadership_epoch(1, first);
+        let again = leadership_epoch(1, restarted);
+        let new_term = leadership_epoch(2, again);
+        assert!(0 < first && first < restarted && restarted < again && again < new_term);
+        assert!(leadership_epoch(3, leadership_epoch(2, 5)) > leadership_epoch(2, 5));
+    }
+}
