@@ -10,6 +10,9 @@ use crate::hub::Hub;
 use crate::raft::{Consensus, RaftOptions};
 use crate::service::LockService;
 
+/// How long in-flight requests get to finish after a shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Where a server keeps its data and how it runs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -42,13 +45,25 @@ pub async fn run(
 
     let app = crate::api::router(LockService::new(consensus.clone()));
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "serving gRPC and HTTP");
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down");
-        })
-        .await
-        .context("serve");
+    let (signal_tx, mut signal_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down");
+        let _ = signal_tx.send(true);
+    });
+    let mut graceful = signal_rx.clone();
+    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let _ = graceful.wait_for(|s| *s).await;
+    });
+    // Open connections (watch streams, idle keep-alive clients) must not keep
+    // the process alive: after a grace period, stop serving regardless.
+    let result = tokio::select! {
+        r = serve => r.context("serve"),
+        _ = async {
+            let _ = signal_rx.wait_for(|s| *s).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => Ok(()),
+    };
     let _ = stop_tx.send(true);
     let _ = driver.await;
     consensus.shutdown().await;

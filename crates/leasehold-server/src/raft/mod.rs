@@ -333,3 +333,109 @@ mod tests {
         assert!(leadership_epoch(3, leadership_epoch(2, 5)) > leadership_epoch(2, 5));
     }
 }
+
+/// openraft's storage conformance suite, run against our log store and state
+/// machine, plus the crash cases specific to our on-disk format.
+#[cfg(test)]
+mod storage_tests {
+    use std::sync::Arc;
+
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::{Entry, EntryPayload, LogId, RaftLogReader, StorageError};
+
+    use super::log_store::LogStore;
+    use super::state_machine::StateMachine;
+    use super::{NodeId, TypeConfig};
+    use crate::hub::Hub;
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<NodeId>> {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let log = LogStore::open(dir.path()).expect("open log");
+            let sm = StateMachine::open(dir.path(), Arc::new(Hub::default()))
+                .expect("open state machine");
+            Ok((dir, log, sm))
+        }
+    }
+
+    #[test]
+    fn openraft_storage_suite() {
+        Suite::test_all(Builder).expect("storage suite");
+    }
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    async fn append(log: &mut LogStore, entries: Vec<Entry<TypeConfig>>) {
+        log.blocking_append(entries)
+            .await
+            .expect("append and flush");
+    }
+
+    #[tokio::test]
+    async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            append(&mut log, (1..=10).map(blank).collect()).await;
+        }
+        // A crash mid-write leaves half a record at the end of the segment.
+        let seg = std::fs::read_dir(dir.path().join("log"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let mut bytes = std::fs::read(&seg).unwrap();
+        let whole = bytes.len();
+        bytes.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
+        std::fs::write(&seg, &bytes).unwrap();
+
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(std::fs::metadata(&seg).unwrap().len() as usize, whole);
+        let entries = log.try_get_log_entries(0..100).await.unwrap();
+        assert_eq!(
+            entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            (1..=10).collect::<Vec<_>>()
+        );
+        // And the log keeps working after the cut.
+        append(&mut log, vec![blank(11)]).await;
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen again");
+        assert_eq!(log.try_get_log_entries(0..100).await.unwrap().len(), 11);
+    }
+
+    #[tokio::test]
+    async fn truncate_and_purge_survive_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            append(&mut log, (1..=10).map(blank).collect()).await;
+            log.truncate(*blank(8).get_log_id()).await.unwrap();
+            log.purge(*blank(3).get_log_id()).await.unwrap();
+            append(&mut log, vec![blank(8)]).await;
+        }
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        let indexes: Vec<u64> = log
+            .try_get_log_entries(0..100)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.log_id.index)
+            .collect();
+        assert_eq!(indexes, vec![4, 5, 6, 7, 8]);
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
+    }
+
+    use openraft::RaftLogId;
+}

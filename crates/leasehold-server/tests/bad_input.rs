@@ -1,0 +1,435 @@
+//! Bad input gets a clear, typed error and changes nothing, over gRPC and HTTP.
+
+use leasehold_proto::v1 as pb;
+use leasehold_testkit::Leaseholdd;
+use pb::leasehold_client::LeaseholdClient;
+use serde_json::{json, Value};
+use tonic::Code;
+
+fn code(status: &tonic::Status) -> String {
+    status
+        .metadata()
+        .get("leasehold-code")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Drops the fields that change with the passing of time alone.
+fn timeless(mut v: Value) -> Value {
+    match &mut v {
+        Value::Object(map) => {
+            map.remove("ttl_left_ms");
+            for x in map.values_mut() {
+                *x = timeless(x.take());
+            }
+        }
+        Value::Array(items) => {
+            for x in items.iter_mut() {
+                *x = timeless(x.take());
+            }
+        }
+        _ => {}
+    }
+    v
+}
+
+/// What must not change: the locks, the leases, the next token.
+async fn state(server: &Leaseholdd) -> (Value, Value, String) {
+    let locks = timeless(
+        reqwest::get(format!("{}/v1/locks", server.url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
+    let leases = timeless(
+        reqwest::get(format!("{}/v1/leases", server.url()))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
+    let metrics: String = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let fence = metrics
+        .lines()
+        .find(|l| l.starts_with("leasehold_fence_next"))
+        .unwrap_or("")
+        .to_string();
+    (locks, leases, fence)
+}
+
+#[tokio::test]
+async fn grpc_rejects_bad_input_with_typed_errors() {
+    let server = Leaseholdd::start();
+    let mut c = LeaseholdClient::connect(server.url()).await.unwrap();
+    let lease = c
+        .grant(pb::GrantRequest {
+            ttl_ms: 60_000,
+            holder: "h".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .lease_id;
+    let fence = c
+        .acquire(pb::AcquireRequest {
+            lease_id: lease,
+            key: "held".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+    let before = state(&server).await;
+
+    let acq = |key: &str| pb::AcquireRequest {
+        lease_id: lease,
+        key: key.into(),
+        ..Default::default()
+    };
+    let cases: Vec<(&str, Result<(), tonic::Status>, Code, &str)> = vec![
+        (
+            "empty key",
+            c.acquire(acq("")).await.map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "513-byte key",
+            c.acquire(acq(&"k".repeat(513))).await.map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "control char in key",
+            c.acquire(acq("a\u{0}b")).await.map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "ttl 0",
+            c.grant(pb::GrantRequest {
+                ttl_ms: 0,
+                holder: String::new(),
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "ttl over the maximum",
+            c.grant(pb::GrantRequest {
+                ttl_ms: 24 * 3600 * 1000 + 1,
+                holder: String::new(),
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "holder too long",
+            c.grant(pb::GrantRequest {
+                ttl_ms: 1000,
+                holder: "h".repeat(257),
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "unknown lease",
+            c.acquire(pb::AcquireRequest {
+                lease_id: 9_999,
+                key: "x".into(),
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            Code::NotFound,
+            "lease_not_found",
+        ),
+        (
+            "renew unknown lease",
+            c.keep_alive(pb::KeepAliveRequest { lease_id: 9_999 })
+                .await
+                .map(drop),
+            Code::NotFound,
+            "lease_not_found",
+        ),
+        (
+            "stale token",
+            c.release(pb::ReleaseRequest {
+                key: "held".into(),
+                fence: fence + 100,
+                request_id: 0,
+            })
+            .await
+            .map(drop),
+            Code::FailedPrecondition,
+            "stale_fence",
+        ),
+        (
+            "checkpoint over 64 KiB",
+            c.save_checkpoint(pb::SaveCheckpointRequest {
+                key: "held".into(),
+                fence,
+                data: vec![0; 64 * 1024 + 1],
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "wait over the maximum",
+            c.acquire(pb::AcquireRequest {
+                lease_id: lease,
+                key: "x".into(),
+                wait_ms: u64::MAX,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "lock-delay over the maximum",
+            c.acquire(pb::AcquireRequest {
+                lease_id: lease,
+                key: "x".into(),
+                lock_delay_ms: 61_000,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
+            "describe unknown lease",
+            c.describe_lease(pb::DescribeLeaseRequest { lease_id: 0 })
+                .await
+                .map(drop),
+            Code::NotFound,
+            "lease_not_found",
+        ),
+        (
+            "list with a huge prefix",
+            c.list_locks(pb::ListLocksRequest {
+                prefix: "p".repeat(600),
+                limit: 1,
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+    ];
+    for (what, result, grpc_code, wire_code) in cases {
+        let err = result.expect_err(what);
+        assert_eq!(err.code(), grpc_code, "{what}: {err:?}");
+        assert_eq!(code(&err), wire_code, "{what}");
+        assert!(!err.message().is_empty(), "{what}: no message");
+    }
+    assert_eq!(state(&server).await, before, "bad input changed state");
+    assert!(server.process.pid().is_some());
+    c.keep_alive(pb::KeepAliveRequest { lease_id: lease })
+        .await
+        .expect("server still serves");
+}
+
+#[tokio::test]
+async fn http_rejects_bad_input_with_typed_errors() {
+    let server = Leaseholdd::start();
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("{}{p}", server.url());
+    let r: Value = http
+        .post(url("/v1/acquire"))
+        .json(&json!({"key": "held", "ttl_ms": 60000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (lease, fence) = (r["lease"].as_u64().unwrap(), r["fence"].as_u64().unwrap());
+    let before = state(&server).await;
+
+    let raw = |path: &str, body: &str| {
+        http.post(url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let cases: Vec<(&str, reqwest::Response, u16, &str)> = vec![
+        (
+            "malformed JSON",
+            raw("/v1/acquire", "{\"key\": ").await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "not JSON at all",
+            raw("/v1/release", "release it").await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "unknown field",
+            raw("/v1/release", r#"{"key":"held","fence":1,"force":true}"#)
+                .await
+                .unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "wrong type",
+            raw("/v1/release", r#"{"key":"held","fence":"one"}"#)
+                .await
+                .unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "negative number",
+            raw("/v1/leases", r#"{"ttl_ms":-5}"#).await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "empty key",
+            raw("/v1/acquire", r#"{"key":"","ttl_ms":1000}"#)
+                .await
+                .unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "long key",
+            raw(
+                "/v1/acquire",
+                &format!(r#"{{"key":"{}","ttl_ms":1000}}"#, "k".repeat(513)),
+            )
+            .await
+            .unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "ttl 0",
+            raw("/v1/leases", r#"{"ttl_ms":0}"#).await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "ttl too long",
+            raw("/v1/leases", r#"{"ttl_ms":86400001}"#).await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "lease and ttl both",
+            raw(
+                "/v1/acquire",
+                &format!(r#"{{"key":"x","lease":{lease},"ttl_ms":5}}"#),
+            )
+            .await
+            .unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "neither lease nor ttl",
+            raw("/v1/acquire", r#"{"key":"x"}"#).await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "unknown lease",
+            raw("/v1/acquire", r#"{"key":"x","lease":9999}"#)
+                .await
+                .unwrap(),
+            404,
+            "lease_not_found",
+        ),
+        (
+            "renew unknown lease",
+            raw("/v1/leases/9999/keepalive", "").await.unwrap(),
+            404,
+            "lease_not_found",
+        ),
+        (
+            "lease id not a number",
+            raw("/v1/leases/abc/keepalive", "").await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "stale token",
+            raw(
+                "/v1/release",
+                &format!(r#"{{"key":"held","fence":{}}}"#, fence + 1),
+            )
+            .await
+            .unwrap(),
+            409,
+            "stale_fence",
+        ),
+        (
+            "checkpoint over 64 KiB",
+            raw(
+                "/v1/checkpoint",
+                &format!(
+                    r#"{{"key":"held","fence":{fence},"data":"{}"}}"#,
+                    "x".repeat(64 * 1024 + 1)
+                ),
+            )
+            .await
+            .unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "bad base64",
+            raw(
+                "/v1/checkpoint",
+                &format!(r#"{{"key":"held","fence":{fence},"data_base64":"%%%"}}"#),
+            )
+            .await
+            .unwrap(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "unknown query parameter",
+            http.get(url("/v1/locks?prefx=a")).send().await.unwrap(),
+            400,
+            "invalid_argument",
+        ),
+    ];
+    for (what, response, status, wire_code) in cases {
+        assert_eq!(response.status().as_u16(), status, "{what}");
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        assert_eq!(body["error"]["code"], wire_code, "{what}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{what}: {body}"
+        );
+    }
+    assert_eq!(state(&server).await, before, "bad input changed state");
+}

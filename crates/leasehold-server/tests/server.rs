@@ -1,0 +1,458 @@
+//! `leaseholdd` as a real process, over gRPC and HTTP.
+
+use std::time::Duration;
+
+use leasehold_proto::v1 as pb;
+use leasehold_testkit::Leaseholdd;
+use pb::leasehold_client::LeaseholdClient;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+async fn grpc(server: &Leaseholdd) -> LeaseholdClient<Channel> {
+    LeaseholdClient::connect(server.url())
+        .await
+        .expect("connect gRPC")
+}
+
+async fn lease(c: &mut LeaseholdClient<Channel>, ttl_ms: u64, holder: &str) -> u64 {
+    c.grant(pb::GrantRequest {
+        ttl_ms,
+        holder: holder.into(),
+    })
+    .await
+    .expect("grant")
+    .into_inner()
+    .lease_id
+}
+
+fn acquire(lease_id: u64, key: &str, wait_ms: u64) -> pb::AcquireRequest {
+    pb::AcquireRequest {
+        lease_id,
+        key: key.into(),
+        wait_ms,
+        ..Default::default()
+    }
+}
+
+fn code(status: &tonic::Status) -> &str {
+    status
+        .metadata()
+        .get("leasehold-code")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+async fn post(server: &Leaseholdd, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{}{path}", server.url()))
+        .json(&body)
+        .send()
+        .await
+        .expect("http");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(server: &Leaseholdd, path: &str) -> (u16, Value) {
+    let r = reqwest::get(format!("{}{path}", server.url()))
+        .await
+        .expect("http");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn contention_tells_who_holds_the_lock_over_grpc_and_http() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let a = lease(&mut c, 10_000, "host-a/pid-1").await;
+    let b = lease(&mut c, 10_000, "host-b/pid-2").await;
+    let fence = c
+        .acquire(acquire(a, "nightly", 0))
+        .await
+        .expect("first")
+        .into_inner()
+        .fence;
+
+    let err = c
+        .acquire(acquire(b, "nightly", 0))
+        .await
+        .expect_err("second must fail");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(code(&err), "held");
+    assert_eq!(
+        err.metadata().get("leasehold-holder").unwrap(),
+        "host-a/pid-1"
+    );
+    assert_eq!(
+        err.metadata()
+            .get("leasehold-fence")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        fence.to_string()
+    );
+
+    let (status, body) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "nightly", "ttl_ms": 5000, "holder": "curl"}),
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(body["error"]["code"], "held");
+    assert_eq!(body["error"]["holder"], "host-a/pid-1");
+    assert_eq!(body["error"]["fence"], fence);
+
+    let (status, body) = get(&server, "/v1/locks/nightly").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["holder"]["holder"], "host-a/pid-1");
+    assert_eq!(body["holder"]["fence"], fence);
+}
+
+#[tokio::test]
+async fn waiters_are_granted_in_fifo_order() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let holder = lease(&mut c, 30_000, "holder").await;
+    let mut fence = c
+        .acquire(acquire(holder, "k", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let id = lease(&mut c, 30_000, &format!("w{i}")).await;
+        let mut wc = c.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = wc
+                .acquire(acquire(id, "k", 20_000))
+                .await
+                .map(|r| r.into_inner().fence);
+            let _ = tx.send((id, r));
+        });
+        // Queue them one at a time so the order is known.
+        loop {
+            let info = c
+                .describe_lock(pb::DescribeLockRequest { key: "k".into() })
+                .await
+                .unwrap()
+                .into_inner();
+            if info.waiters.len() == i + 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        waiters.push(id);
+    }
+
+    for expected in waiters {
+        c.release(pb::ReleaseRequest {
+            key: "k".into(),
+            fence,
+            request_id: 0,
+        })
+        .await
+        .expect("release");
+        let (id, granted) = rx.recv().await.expect("a waiter is granted");
+        assert_eq!(id, expected, "granted out of order");
+        let granted = granted.expect("grant");
+        assert!(granted > fence);
+        fence = granted;
+    }
+}
+
+#[tokio::test]
+async fn expiry_frees_the_lock_and_grants_the_next_waiter() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let short = lease(&mut c, 300, "crashed").await;
+    let first = c
+        .acquire(acquire(short, "k", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+    let waiter = lease(&mut c, 30_000, "next").await;
+    let started = std::time::Instant::now();
+    let granted = c
+        .acquire(acquire(waiter, "k", 10_000))
+        .await
+        .expect("granted after expiry")
+        .into_inner()
+        .fence;
+    assert!(granted > first);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = c
+        .keep_alive(pb::KeepAliveRequest { lease_id: short })
+        .await
+        .expect_err("expired");
+    assert_eq!(code(&err), "lease_expired");
+}
+
+#[tokio::test]
+async fn stale_release_is_refused_and_changes_nothing() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let a = lease(&mut c, 200, "a").await;
+    let old = c
+        .acquire(acquire(a, "k", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+    let b = lease(&mut c, 30_000, "b").await;
+    let new = c
+        .acquire(acquire(b, "k", 5_000))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+
+    let err = c
+        .release(pb::ReleaseRequest {
+            key: "k".into(),
+            fence: old,
+            request_id: 0,
+        })
+        .await
+        .expect_err("stale");
+    assert_eq!(code(&err), "stale_fence");
+    assert!(
+        err.message()
+            .contains(&format!("presented {old}, current {new}")),
+        "{}",
+        err.message()
+    );
+
+    let (status, body) = post(&server, "/v1/release", json!({"key": "k", "fence": old})).await;
+    assert_eq!(status, 409);
+    assert_eq!(body["error"]["presented_fence"], old);
+    assert_eq!(body["error"]["current_fence"], new);
+
+    let info = c
+        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.holder.map(|h| h.fence), Some(new));
+}
+
+#[tokio::test]
+async fn the_next_holder_receives_the_checkpoint() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let a = lease(&mut c, 30_000, "a").await;
+    let fa = c
+        .acquire(acquire(a, "job", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+    c.save_checkpoint(pb::SaveCheckpointRequest {
+        key: "job".into(),
+        fence: fa,
+        data: b"done:41".to_vec(),
+    })
+    .await
+    .expect("save");
+    c.revoke(pb::RevokeRequest { lease_id: a })
+        .await
+        .expect("revoke");
+
+    let (status, body) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "job", "ttl_ms": 5000}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["checkpoint"], "done:41");
+    assert_eq!(body["checkpoint_fence"], fa);
+    assert!(body["fence"].as_u64().unwrap() > fa);
+}
+
+#[tokio::test]
+async fn a_retried_acquire_never_grants_twice() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let a = lease(&mut c, 30_000, "a").await;
+    let req = pb::AcquireRequest {
+        lease_id: a,
+        key: "k".into(),
+        request_id: 42,
+        ..Default::default()
+    };
+    let first = c.acquire(req.clone()).await.unwrap().into_inner().fence;
+    c.release(pb::ReleaseRequest {
+        key: "k".into(),
+        fence: first,
+        request_id: 43,
+    })
+    .await
+    .unwrap();
+    // The first reply was "lost" and the client retries after all that.
+    let again = c.acquire(req).await.unwrap().into_inner().fence;
+    assert_eq!(again, first);
+    let info = c
+        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        info.holder.is_none(),
+        "the retry must not take the lock again"
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_wait_is_withdrawn() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let a = lease(&mut c, 30_000, "a").await;
+    let fa = c
+        .acquire(acquire(a, "k", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+    let b = lease(&mut c, 30_000, "gone").await;
+    let mut wc = grpc(&server).await;
+    let waiting = tokio::spawn(async move { wc.acquire(acquire(b, "k", 20_000)).await });
+    loop {
+        let info = c
+            .describe_lock(pb::DescribeLockRequest { key: "k".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        if !info.waiters.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiting.abort(); // the caller goes away (its connection drops)
+    let _ = waiting.await;
+    loop {
+        let info = c
+            .describe_lock(pb::DescribeLockRequest { key: "k".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        if info.waiters.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    c.release(pb::ReleaseRequest {
+        key: "k".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .await
+    .unwrap();
+    let info = c
+        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        info.holder.is_none(),
+        "granted to a caller that left: {info:?}"
+    );
+}
+
+#[tokio::test]
+async fn watch_streams_acquired_released_and_expired() {
+    let server = Leaseholdd::start();
+    let mut c = grpc(&server).await;
+    let mut stream = c
+        .watch(pb::WatchRequest {
+            prefix: "jobs/".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let a = lease(&mut c, 30_000, "a").await;
+    let f1 = c
+        .acquire(acquire(a, "jobs/1", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+    c.acquire(acquire(a, "other", 0)).await.unwrap();
+    c.release(pb::ReleaseRequest {
+        key: "jobs/1".into(),
+        fence: f1,
+        request_id: 0,
+    })
+    .await
+    .unwrap();
+    let short = lease(&mut c, 100, "short").await;
+    let f2 = c
+        .acquire(acquire(short, "jobs/2", 0))
+        .await
+        .unwrap()
+        .into_inner()
+        .fence;
+
+    use pb::lock_event::Kind;
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let e = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .expect("event")
+            .unwrap()
+            .unwrap();
+        seen.push((Kind::try_from(e.kind).unwrap(), e.key, e.fence));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (Kind::Acquired, "jobs/1".into(), f1),
+            (Kind::Released, "jobs/1".into(), f1),
+            (Kind::Acquired, "jobs/2".into(), f2),
+            (Kind::Expired, "jobs/2".into(), f2),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn http_walkthrough_acquire_renew_release() {
+    let server = Leaseholdd::start();
+    let (s, body) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "report", "ttl_ms": 10000, "holder": "me"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let (lease, fence) = (
+        body["lease"].as_u64().unwrap(),
+        body["fence"].as_u64().unwrap(),
+    );
+    let (s, body) = post(&server, &format!("/v1/leases/{lease}/keepalive"), json!({})).await;
+    assert_eq!((s, body["ttl_ms"].as_u64()), (200, Some(10000)));
+    let (s, body) = get(&server, "/v1/locks?prefix=rep").await;
+    assert_eq!(s, 200);
+    assert_eq!(body["locks"][0]["holder"]["fence"], fence);
+    let (s, _) = post(
+        &server,
+        "/v1/release",
+        json!({"key": "report", "fence": fence}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    let (_, body) = get(&server, "/v1/locks/report").await;
+    assert!(body["holder"].is_null());
+    let r = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(r.contains("leasehold_locks_held 0"), "{r}");
+}

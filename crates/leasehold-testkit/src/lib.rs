@@ -1,0 +1,216 @@
+//! Real processes for tests: `leaseholdd`, `redis-server`, `etcd`.
+//!
+//! Each runs on a free loopback port with its own temporary directory and is
+//! killed when its handle drops, so a failing test leaves nothing behind.
+//! Faults are real: [`Process::kill9`], [`Process::pause`] (SIGSTOP) and
+//! [`Process::resume`] (SIGCONT).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port")
+}
+
+/// The path of a binary built from this workspace (`target/<profile>/NAME`).
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // Test binaries live in target/<profile>/deps/.
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run the tests with `cargo test --workspace`",
+        path.display()
+    );
+    path
+}
+
+/// A child process that is killed when dropped.
+pub struct Process {
+    child: Option<Child>,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `program` with `args`, its output going to `log`.
+    pub fn spawn(program: &Path, args: &[String], log: &Path) -> Process {
+        let mut p = Process {
+            child: None,
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            log: log.to_path_buf(),
+        };
+        p.start();
+        p
+    }
+
+    fn start(&mut self) {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open log");
+        let err = out.try_clone().expect("clone log");
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.program.display()));
+        self.child = Some(child);
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill(2) with a pid we spawned and still own.
+            unsafe {
+                libc::kill(pid as i32, sig);
+            }
+        }
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and wait for it to exit.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        self.signal(libc::SIGTERM);
+        self.child.take().and_then(|mut c| c.wait().ok())
+    }
+
+    /// SIGSTOP: the process is frozen, as by a long GC pause or a stalled VM.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// Starts the same command again (after a kill).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.start();
+    }
+
+    /// What the process printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill9();
+    }
+}
+
+/// Sends a bare HTTP/1.1 GET and returns the body, if the server answered 200.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// Waits until `ready` says yes, or panics after `limit`.
+pub fn wait_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `leaseholdd` process on a free port with a temporary data directory.
+pub struct Leaseholdd {
+    /// The process.
+    pub process: Process,
+    /// `127.0.0.1:PORT`, serving gRPC and HTTP.
+    pub addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Leaseholdd {
+    /// Starts one and waits until it leads.
+    pub fn start() -> Leaseholdd {
+        Self::start_with(&[])
+    }
+
+    /// Starts one with extra flags and waits until it leads.
+    pub fn start_with(extra: &[&str]) -> Leaseholdd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut args = vec![
+            "--listen".to_string(),
+            addr.clone(),
+            "--data-dir".to_string(),
+            dir.path().join("data").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let process = Process::spawn(
+            &workspace_bin("leaseholdd"),
+            &args,
+            &dir.path().join("leaseholdd.log"),
+        );
+        let server = Leaseholdd { process, addr, dir };
+        server.wait_ready();
+        server
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Waits until the server answers and leads.
+    pub fn wait_ready(&self) {
+        wait_until(Duration::from_secs(20), "leaseholdd to lead", || {
+            http_get(&self.addr, "/health").is_some_and(|b| b.contains("\"leader\":true"))
+        });
+    }
+
+    /// `kill -9`, start again on the same port and data, and wait until it leads.
+    pub fn crash_and_restart(&mut self) {
+        self.process.restart();
+        self.wait_ready();
+    }
+}
