@@ -1,0 +1,79 @@
+//! One file per group of subcommands.
+
+mod hold;
+mod run;
+mod status;
+
+use anyhow::Context;
+use leasehold::Client;
+
+use crate::{Cli, Command};
+
+/// Runs a subcommand; returns the process exit code.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let mut builder = Client::builder(&cli.endpoint);
+    if let Some(h) = &cli.holder {
+        builder = builder.holder(h);
+    }
+    let client = || async {
+        builder
+            .clone()
+            .connect()
+            .await
+            .with_context(|| format!("connect to {}", cli.endpoint))
+    };
+    match cli.command {
+        Command::Run {
+            key,
+            ttl,
+            wait,
+            grace,
+            lock_delay,
+            command,
+        } => {
+            run::run(
+                &client().await?,
+                &key,
+                run::Options {
+                    ttl,
+                    wait,
+                    grace,
+                    lock_delay,
+                    forever: false,
+                },
+                &command,
+            )
+            .await
+        }
+        Command::Elect {
+            name,
+            value,
+            ttl,
+            grace,
+            command,
+        } => {
+            let client = Client::builder(&cli.endpoint)
+                .holder(value)
+                .connect()
+                .await
+                .with_context(|| format!("connect to {}", cli.endpoint))?;
+            let options = run::Options {
+                ttl,
+                wait: None,
+                grace,
+                lock_delay: std::time::Duration::ZERO,
+                forever: true,
+            };
+            run::run(&client, &name, options, &command).await
+        }
+        Command::Acquire {
+            key,
+            ttl,
+            wait,
+            json,
+        } => hold::acquire(&client().await?, &key, ttl, wait, json).await,
+        Command::Release { key, fence } => hold::release(&client().await?, &key, fence).await,
+        Command::Status { prefix, json } => status::status(&client().await?, &prefix, json).await,
+        Command::Watch { prefix, json } => status::watch(&client().await?, &prefix, json).await,
+    }
+}

@@ -1,0 +1,145 @@
+//! `leasehold run` and `leasehold elect`: run a command while holding a lock.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::{Client, Error, Lease, LockOptions};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{EXIT_LOST, EXIT_NOT_ACQUIRED};
+
+pub struct Options {
+    pub ttl: Duration,
+    pub wait: Option<Duration>,
+    pub grace: Duration,
+    pub lock_delay: Duration,
+    /// Keep waiting for the lock however long it takes (elections).
+    pub forever: bool,
+}
+
+/// Takes the lock as the options say; `Ok(None)` when someone else has it.
+async fn take(client: &Client, key: &str, o: &Options) -> anyhow::Result<Option<Lease>> {
+    let opts = LockOptions::default().ttl(o.ttl).lock_delay(o.lock_delay);
+    loop {
+        let result = match (o.forever, o.wait) {
+            (true, _) => {
+                client
+                    .acquire(key, opts.clone().wait(Duration::from_secs(60)))
+                    .await
+            }
+            (false, Some(wait)) if !wait.is_zero() => {
+                client.acquire(key, opts.clone().wait(wait)).await
+            }
+            _ => client.try_acquire(key, opts.clone()).await,
+        };
+        match result {
+            Ok(lease) => return Ok(Some(lease)),
+            Err(Error::Timeout { .. }) if o.forever => continue,
+            Err(Error::Held { holder, fence, .. }) => {
+                let fence = fence
+                    .map(|f| format!(" with fence {f}"))
+                    .unwrap_or_default();
+                eprintln!("leasehold: {key} is held by {holder}{fence}");
+                return Ok(None);
+            }
+            Err(Error::Timeout { .. }) => {
+                let holder = client
+                    .status(key)
+                    .await
+                    .ok()
+                    .and_then(|l| l.into_iter().find(|l| l.key == key))
+                    .map(|l| format!(" (held by {})", l.holder))
+                    .unwrap_or_default();
+                eprintln!("leasehold: timed out waiting for {key}{holder}");
+                return Ok(None);
+            }
+            Err(e) => return Err(e).with_context(|| format!("acquire {key}")),
+        }
+    }
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
+}
+
+fn send(child: &Child, sig: i32) {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(pid as i32, sig);
+        }
+    }
+}
+
+/// Stops the child: SIGTERM, then SIGKILL after `grace`.
+async fn stop(child: &mut Child, grace: Duration) {
+    send(child, libc::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        send(child, libc::SIGKILL);
+        let _ = child.wait().await;
+    }
+}
+
+pub async fn run(
+    client: &Client,
+    key: &str,
+    o: Options,
+    command: &[String],
+) -> anyhow::Result<i32> {
+    let Some(lease) = take(client, key, &o).await? else {
+        return Ok(EXIT_NOT_ACQUIRED);
+    };
+    let fence = lease.fence().map(|f| f.to_string()).unwrap_or_default();
+    let (program, args) = command.split_first().context("no command given")?;
+    let mut child = Command::new(program)
+        .args(args)
+        .env("LEASEHOLD_KEY", key)
+        .env("LEASEHOLD_FENCE", &fence)
+        .spawn()
+        .with_context(|| format!("start {program}"))?;
+
+    // Signals sent to `leasehold run` are passed on to the command.
+    let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel();
+    for kind in [
+        SignalKind::terminate(),
+        SignalKind::interrupt(),
+        SignalKind::hangup(),
+        SignalKind::quit(),
+    ] {
+        let mut stream = signal(kind).context("listen for signals")?;
+        let tx = sig_tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send(kind.as_raw_value()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    let lost = lease.lost();
+    tokio::pin!(lost);
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status.context("wait for the command")?;
+                if let Err(e) = lease.release().await {
+                    eprintln!("leasehold: releasing {key}: {e}");
+                }
+                return Ok(exit_code(status));
+            }
+            _ = &mut lost => {
+                eprintln!("leasehold: lease on {key} lost ({}); stopping the command", lease.lost_reason());
+                stop(&mut child, o.grace).await;
+                return Ok(EXIT_LOST);
+            }
+            Some(sig) = sig_rx.recv() => send(&child, sig),
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! `leasehold status` and `leasehold watch`.
+
+use anyhow::Context;
+use futures::StreamExt;
+use leasehold::Client;
+use serde_json::json;
+
+pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Result<i32> {
+    let locks = client.status(prefix).await.context("list locks")?;
+    if as_json {
+        let rows: Vec<_> = locks
+            .iter()
+            .map(|l| json!({"key": l.key, "holder": l.holder, "fence": l.fence, "ttl_left_ms": l.ttl_left_ms, "waiters": l.waiters}))
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return Ok(0);
+    }
+    let key_width = locks.iter().map(|l| l.key.len()).max().unwrap_or(0).max(3);
+    let holder_width = locks
+        .iter()
+        .map(|l| l.holder.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    println!(
+        "{:key_width$}  {:holder_width$}  {:>8}  {:>9}  {:>7}",
+        "KEY", "HOLDER", "FENCE", "TTL LEFT", "WAITERS"
+    );
+    for l in &locks {
+        let fence = l.fence.map_or_else(|| "-".to_string(), |f| f.to_string());
+        let ttl = if l.fence.is_some() {
+            format!("{:.1}s", l.ttl_left_ms as f64 / 1000.0)
+        } else {
+            "-".to_string()
+        };
+        let holder = if l.fence.is_some() {
+            l.holder.as_str()
+        } else {
+            "(free)"
+        };
+        println!(
+            "{:key_width$}  {holder:holder_width$}  {fence:>8}  {ttl:>9}  {:>7}",
+            l.key, l.waiters
+        );
+    }
+    Ok(0)
+}
+
+pub async fn watch(client: &Client, prefix: &str, as_json: bool) -> anyhow::Result<i32> {
+    let mut events = client.watch(prefix).await.context("watch")?;
+    while let Some(event) = events.next().await {
+        let e = event.context("watch stream")?;
+        if as_json {
+            println!(
+                "{}",
+                json!({"kind": e.kind, "key": e.key, "fence": e.fence, "holder": e.holder})
+            );
+        } else {
+            println!(
+                "{:<8}  {}  fence={}  holder={}",
+                e.kind, e.key, e.fence, e.holder
+            );
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,147 @@
+//! `leasehold`: locks from the shell.
+//!
+//! `leasehold run KEY -- CMD` is flock(1) for a cluster: exactly one machine
+//! runs CMD, which gets its fencing token in `LEASEHOLD_FENCE`, and CMD is
+//! stopped if the lease is lost.
+
+mod cmd;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code when the lock is held by someone else (EX_TEMPFAIL).
+pub const EXIT_NOT_ACQUIRED: i32 = 75;
+/// Exit code when the lease was lost while CMD ran (EX_PROTOCOL).
+pub const EXIT_LOST: i32 = 76;
+
+/// Distributed locks with fencing tokens.
+#[derive(Parser, Debug)]
+#[command(name = "leasehold", version)]
+struct Cli {
+    /// The lock store: http://HOST:PORT (leaseholdd), redis://, redlock://H1,H2,H3,
+    /// postgres://, etcd://HOST:PORT or memory://.
+    #[arg(long, global = true, visible_alias = "backend", env = "LEASEHOLD_ENDPOINT", default_value = leasehold::DEFAULT_ENDPOINT)]
+    endpoint: String,
+    /// How this process names itself to others (default: host/pid).
+    #[arg(long, global = true, env = "LEASEHOLD_HOLDER")]
+    holder: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 500ms, 30s or 5m: {e}"))
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run CMD while holding KEY; stop it if the lease is lost.
+    Run {
+        /// The lock.
+        key: String,
+        /// Lease TTL; renewed every TTL/3.
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        ttl: Duration,
+        /// Wait this long for the lock (default: do not wait).
+        #[arg(long, value_parser = duration)]
+        wait: Option<Duration>,
+        /// After SIGTERM on loss, wait this long before SIGKILL.
+        #[arg(long, default_value = "5s", value_parser = duration)]
+        grace: Duration,
+        /// After an expiry of this hold, keep the key from others this long.
+        #[arg(long, default_value = "0s", value_parser = duration)]
+        lock_delay: Duration,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Campaign to be the one active NAME, then run CMD while leading.
+    Elect {
+        /// The election.
+        name: String,
+        /// This candidate's value, shown to others (e.g. node-3).
+        #[arg(long)]
+        value: String,
+        /// Lease TTL; renewed every TTL/3.
+        #[arg(long, default_value = "15s", value_parser = duration)]
+        ttl: Duration,
+        /// After SIGTERM on loss, wait this long before SIGKILL.
+        #[arg(long, default_value = "5s", value_parser = duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Take KEY, print its fencing token, and hold it until interrupted.
+    Acquire {
+        /// The lock.
+        key: String,
+        /// Lease TTL; renewed every TTL/3.
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        ttl: Duration,
+        /// Wait this long for the lock (default: do not wait).
+        #[arg(long, value_parser = duration)]
+        wait: Option<Duration>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release KEY if FENCE still holds it.
+    Release {
+        /// The lock.
+        key: String,
+        /// The fencing token that holds it.
+        #[arg(long)]
+        fence: u64,
+    },
+    /// List locks: key, holder, fence, TTL left, waiters.
+    Status {
+        /// Only keys with this prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print lock events as they happen.
+    Watch {
+        /// Only keys with this prefix.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("leasehold: start runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cmd::dispatch(cli).await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("leasehold: {e:#}");
+                1
+            }
+        }
+    });
+    // Do not wait for background work (e.g. a best-effort release) to drain.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    std::process::exit(code);
+}

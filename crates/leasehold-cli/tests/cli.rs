@@ -1,0 +1,259 @@
+//! The `leasehold` command against a real `leaseholdd`.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use leasehold_testkit::{wait_until, Leaseholdd};
+
+fn leasehold(server: &Leaseholdd) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+    c.env("LEASEHOLD_ENDPOINT", server.url())
+        .env_remove("LEASEHOLD_HOLDER");
+    c
+}
+
+fn run(server: &Leaseholdd, args: &[&str]) -> Output {
+    leasehold(server)
+        .args(args)
+        .output()
+        .expect("run leasehold")
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+#[test]
+fn of_two_runs_at_once_exactly_one_runs_the_command() {
+    let server = Leaseholdd::start();
+    let dir = tmp();
+    let log = dir.path().join("ran");
+    let script = format!("echo $LEASEHOLD_FENCE >> {}; sleep 1", log.display());
+    let spawn = || {
+        leasehold(&server)
+            .args(["run", "nightly", "--", "sh", "-c", &script])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let mut codes = [a.status.code(), b.status.code()];
+    codes.sort();
+    assert_eq!(codes, [Some(0), Some(75)]);
+    let loser = if a.status.code() == Some(75) { &a } else { &b };
+    assert!(
+        String::from_utf8_lossy(&loser.stderr).contains("is held by"),
+        "{loser:?}"
+    );
+    assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
+}
+
+#[test]
+fn with_wait_the_second_runs_after_the_first_with_a_higher_fence() {
+    let server = Leaseholdd::start();
+    let dir = tmp();
+    let log = dir.path().join("ran");
+    let script = format!(
+        "echo start $LEASEHOLD_FENCE >> {0}; sleep 0.5; echo end $LEASEHOLD_FENCE >> {0}",
+        log.display()
+    );
+    let spawn = || {
+        leasehold(&server)
+            .args(["run", "nightly", "--wait", "10s", "--", "sh", "-c", &script])
+            .spawn()
+            .expect("spawn")
+    };
+    let mut a = spawn();
+    std::thread::sleep(Duration::from_millis(150));
+    let mut b = spawn();
+    assert!(a.wait().unwrap().success());
+    assert!(b.wait().unwrap().success());
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    let fence = |l: &str| l.split(' ').nth(1).unwrap().parse::<u64>().unwrap();
+    assert!(
+        lines[0].starts_with("start") && lines[1].starts_with("end"),
+        "overlapped: {lines:?}"
+    );
+    assert!(fence(&lines[2]) > fence(&lines[0]), "{lines:?}");
+}
+
+#[test]
+fn a_paused_run_loses_its_lease_kills_the_command_and_exits_76() {
+    let server = Leaseholdd::start();
+    let dir = tmp();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut holder = leasehold(&server)
+        .args([
+            "run", "k", "--ttl", "1s", "--grace", "1s", "--", "sh", "-c", &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_until(Duration::from_secs(10), "the command to start", || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
+    });
+    let child: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
+    // Freeze `leasehold run` (not its command) past the TTL.
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGSTOP) };
+    let mut taker = leasehold(&server)
+        .args(["acquire", "k", "--ttl", "5s", "--wait", "5s", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(taker.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let taken: serde_json::Value =
+        serde_json::from_str(&line).expect("the second holder got the lock");
+    assert!(taken["fence"].as_u64().unwrap() > 1);
+    // SAFETY: as above.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGCONT) };
+
+    let status = holder.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(76), "{stderr}");
+    assert!(stderr.contains("lost"), "{stderr}");
+    assert!(!alive(child), "the command survived the loss of the lease");
+    let _ = taker.kill();
+    let _ = taker.wait();
+}
+
+#[test]
+fn exit_codes_and_signals_pass_through() {
+    let server = Leaseholdd::start();
+    assert_eq!(
+        run(&server, &["run", "k", "--", "sh", "-c", "exit 3"])
+            .status
+            .code(),
+        Some(3)
+    );
+    assert_eq!(
+        run(&server, &["run", "k", "--", "sh", "-c", "kill -KILL $$"])
+            .status
+            .code(),
+        Some(137)
+    );
+
+    let dir = tmp();
+    let marker = dir.path().join("got-term");
+    let script = format!(
+        "trap 'echo term > {}; exit 9' TERM; while true; do sleep 0.05; done",
+        marker.display()
+    );
+    let mut c = leasehold(&server)
+        .args(["run", "k", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    assert_eq!(c.wait().unwrap().code(), Some(9));
+    assert!(marker.exists(), "SIGTERM was not passed on");
+    // And the lock was released afterwards.
+    assert_eq!(
+        run(&server, &["run", "k", "--", "true"]).status.code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn status_release_and_bad_input() {
+    let server = Leaseholdd::start();
+    let mut holder = leasehold(&server)
+        .args(["acquire", "jobs/report", "--ttl", "30s", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let printed: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let fence = printed["fence"].as_u64().unwrap();
+
+    let out = run(&server, &["status", "jobs/", "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["key"], "jobs/report");
+    assert_eq!(rows[0]["fence"], fence);
+    let table = String::from_utf8(run(&server, &["status"]).stdout).unwrap();
+    assert!(
+        table.contains("jobs/report") && table.contains("HOLDER"),
+        "{table}"
+    );
+
+    let stale = run(
+        &server,
+        &[
+            "release",
+            "jobs/report",
+            "--fence",
+            &(fence + 1).to_string(),
+        ],
+    );
+    assert_ne!(stale.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&stale.stderr).contains("stale fence"),
+        "{stale:?}"
+    );
+    assert!(run(
+        &server,
+        &["release", "jobs/report", "--fence", &fence.to_string()]
+    )
+    .status
+    .success());
+
+    let bad = run(&server, &["run", "k", "--ttl", "soon", "--", "true"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a duration"));
+    let long_key = "k".repeat(600);
+    let bad = run(&server, &["run", &long_key, "--", "true"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("invalid"),
+        "{bad:?}"
+    );
+
+    // The holder learns at its own release that an operator released its lock.
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
+    assert_eq!(holder.wait().unwrap().code(), Some(1));
+}
+
+#[test]
+fn an_unreachable_endpoint_is_a_clear_error() {
+    let port = leasehold_testkit::free_port();
+    let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["--endpoint", &format!("http://127.0.0.1:{port}"), "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unavailable") && err.lines().count() == 1,
+        "{err}"
+    );
+}

@@ -1,0 +1,187 @@
+//! The lock stores, one file each, behind [`Backend`]: what every store
+//! implements, and [`connect`], which picks one by URL.
+
+pub mod leaseholdd;
+pub mod memory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+
+use crate::keeper::Liveness;
+use crate::{Error, Fence, Result};
+
+/// Opens the backend a URL names.
+pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
+    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    match scheme {
+        "http" | "https" | "leasehold" => Ok(Arc::new(leaseholdd::Leaseholdd::connect(url).await?)),
+        "memory" => Ok(Arc::new(memory::Memory::default())),
+        _ => Err(Error::InvalidArgument(format!(
+            "unknown backend URL {url:?}: use http://HOST:PORT (leaseholdd), redis://, redlock://, postgres://, etcd:// or memory://"
+        ))),
+    }
+}
+
+/// What a backend can promise (DESIGN §1 "Guarantees are part of the type").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Guarantee {
+    /// May lose a grant on failover or restart; no usable fencing. Fine for
+    /// avoiding duplicate work, not for protecting data.
+    Efficiency,
+    /// Consensus- or database-backed and durable, with fencing tokens that
+    /// never go back.
+    Correctness,
+}
+
+/// How to take a lock.
+#[derive(Debug, Clone)]
+pub struct LockOptions {
+    /// The lease TTL. Renewal runs every TTL/3.
+    pub ttl: Duration,
+    /// How long `acquire` waits for the lock (ignored by `try_acquire`).
+    pub wait: Duration,
+    /// After an expiry of this hold, nobody may take the key for this long
+    /// (where the backend supports it).
+    pub lock_delay: Duration,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(15),
+            wait: Duration::from_secs(30),
+            lock_delay: Duration::ZERO,
+        }
+    }
+}
+
+impl LockOptions {
+    /// These options with another TTL.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// These options with another wait.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// These options with a lock-delay.
+    pub fn lock_delay(mut self, lock_delay: Duration) -> Self {
+        self.lock_delay = lock_delay;
+        self
+    }
+}
+
+/// A granted lock, as a backend hands it to [`Lease`](crate::Lease).
+pub struct Acquired {
+    /// The fencing token, where the backend has them.
+    pub fence: Option<Fence>,
+    /// What the previous holder saved.
+    pub checkpoint: Option<Vec<u8>>,
+    /// Lost when renewal fails or the client deadline passes.
+    pub liveness: Liveness,
+    /// Releases and checkpoints this hold.
+    pub hold: Box<dyn Hold>,
+}
+
+/// One held lock, from the backend's side.
+#[async_trait::async_trait]
+pub trait Hold: Send + Sync + 'static {
+    /// Stops any renewal of this hold, waits until none is in flight, then
+    /// releases it, checking ownership. Never releases a newer holder's lock.
+    async fn release(self: Box<Self>) -> Result<()>;
+
+    /// Saves a checkpoint fenced by this hold's token.
+    async fn save_checkpoint(&self, _data: &[u8]) -> Result<()> {
+        Err(Error::Unsupported {
+            backend: "this",
+            what: "checkpoints",
+        })
+    }
+}
+
+/// A lock as listed by `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockStatus {
+    /// The key.
+    pub key: String,
+    /// Who holds it (empty if free).
+    pub holder: String,
+    /// The holder's token.
+    pub fence: Option<Fence>,
+    /// Milliseconds until the holder's lease expires unless renewed.
+    pub ttl_left_ms: u64,
+    /// How many wait in its queue.
+    pub waiters: usize,
+}
+
+/// A change to a lock, from `watch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockEvent {
+    /// `acquired`, `released` or `expired`.
+    pub kind: String,
+    /// The key.
+    pub key: String,
+    /// The token of the hold that began or ended.
+    pub fence: Fence,
+    /// The holder's name.
+    pub holder: String,
+}
+
+/// A lock store. Each implementation is one file under `backend/`; all of them
+/// pass the same conformance suite (`tests/conformance.rs`).
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// A short name: `leaseholdd`, `redis`, `redlock`, `postgres`, `etcd`, `memory`.
+    fn name(&self) -> &'static str;
+
+    /// What this backend promises.
+    fn guarantee(&self) -> Guarantee;
+
+    /// For an efficiency backend, why it cannot promise correctness.
+    fn efficiency_reason(&self) -> &'static str {
+        ""
+    }
+
+    /// Takes `key`: at once when `wait` is `None`, otherwise waiting up to it.
+    async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        opts: &LockOptions,
+        wait: Option<Duration>,
+    ) -> Result<Acquired>;
+
+    /// Lists locks under a prefix.
+    async fn status(&self, _prefix: &str) -> Result<Vec<LockStatus>> {
+        Err(Error::Unsupported {
+            backend: self.name(),
+            what: "listing locks",
+        })
+    }
+
+    /// Streams lock events under a prefix.
+    async fn watch(&self, _prefix: &str) -> Result<BoxStream<'static, Result<LockEvent>>> {
+        Err(Error::Unsupported {
+            backend: self.name(),
+            what: "watching locks",
+        })
+    }
+
+    /// Releases a lock by key and token without holding it (an operator's or a
+    /// script's release). Ownership is still checked by the token.
+    async fn release_by_fence(&self, _key: &str, _fence: Fence) -> Result<()> {
+        Err(Error::Unsupported {
+            backend: self.name(),
+            what: "release by fence",
+        })
+    }
+
+    /// Ends sessions and stops background work.
+    async fn close(&self) {}
+}

@@ -1,0 +1,181 @@
+//! `Client`: one lock API over any backend, chosen by URL.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};
+use crate::lease::{Lease, LeaseHandle};
+use crate::{Error, Fence, Result};
+
+/// The default leaseholdd endpoint.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7419";
+
+/// A lock client. Cheap to clone; clones share one backend (and, for
+/// leaseholdd, one session lease per TTL, renewed with one keepalive however
+/// many locks hang off it).
+#[derive(Clone)]
+pub struct Client {
+    backend: Arc<dyn Backend>,
+    holder: String,
+}
+
+/// Builds a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    require: Guarantee,
+    holder: Option<String>,
+}
+
+impl ClientBuilder {
+    /// Refuses to build unless the backend gives at least this guarantee.
+    pub fn require(mut self, guarantee: Guarantee) -> Self {
+        self.require = guarantee;
+        self
+    }
+
+    /// How this client names itself to others on contention (default: host/pid).
+    pub fn holder(mut self, holder: impl Into<String>) -> Self {
+        self.holder = Some(holder.into());
+        self
+    }
+
+    /// Connects.
+    pub async fn connect(self) -> Result<Client> {
+        let backend = crate::backend::connect(&self.url).await?;
+        Client::with_backend(backend, self.require, self.holder)
+    }
+}
+
+fn default_holder() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}/pid-{}", std::process::id())
+}
+
+impl Client {
+    /// Connects to a lock store by URL: `http://host:port` (leaseholdd),
+    /// `redis://…`, `redlock://h1:p1,h2:p2,h3:p3`, `postgres://…`,
+    /// `etcd://host:port`, `memory://`.
+    pub async fn connect(url: &str) -> Result<Client> {
+        Self::builder(url).connect().await
+    }
+
+    /// Connects to `LEASEHOLD_ENDPOINT`, or the default local leaseholdd.
+    pub async fn from_env() -> Result<Client> {
+        let url =
+            std::env::var("LEASEHOLD_ENDPOINT").unwrap_or_else(|_| DEFAULT_ENDPOINT.to_string());
+        Self::connect(&url).await
+    }
+
+    /// A builder, to require a guarantee or name the holder.
+    pub fn builder(url: &str) -> ClientBuilder {
+        ClientBuilder {
+            url: url.to_string(),
+            require: Guarantee::Efficiency,
+            holder: None,
+        }
+    }
+
+    /// A client over an existing backend, refusing it if it promises less
+    /// than `require`.
+    pub fn with_backend(
+        backend: Arc<dyn Backend>,
+        require: Guarantee,
+        holder: Option<String>,
+    ) -> Result<Client> {
+        if backend.guarantee() < require {
+            return Err(Error::InsufficientGuarantee {
+                backend: backend.name(),
+                why: backend.efficiency_reason(),
+            });
+        }
+        Ok(Client {
+            backend,
+            holder: holder.unwrap_or_else(default_holder),
+        })
+    }
+
+    /// What the backend promises.
+    pub fn guarantee(&self) -> Guarantee {
+        self.backend.guarantee()
+    }
+
+    /// The backend's name.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    /// Takes `key` if it is free; answers at once.
+    pub async fn try_acquire(&self, key: &str, opts: LockOptions) -> Result<Lease> {
+        let acquired = self.backend.acquire(key, &self.holder, &opts, None).await?;
+        Ok(Lease::new(key, self.backend.name(), acquired))
+    }
+
+    /// Takes `key`, waiting up to `opts.wait` (in the server's FIFO queue on
+    /// backends that have one).
+    pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<Lease> {
+        let wait = Some(opts.wait);
+        let acquired = self.backend.acquire(key, &self.holder, &opts, wait).await?;
+        Ok(Lease::new(key, self.backend.name(), acquired))
+    }
+
+    /// Takes `key` (waiting as `acquire` does), runs `body` with the lease, and
+    /// releases. If the lease is lost first, `body` is cancelled (dropped at its
+    /// next `.await`) and this returns [`Error::LeaseLost`].
+    pub async fn with_lock<T, F, Fut>(&self, key: &str, opts: LockOptions, body: F) -> Result<T>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lease = self.acquire(key, opts).await?;
+        let handle = lease.handle();
+        let lost = lease.lost();
+        let outcome = tokio::select! {
+            biased;
+            _ = lost => None,
+            value = body(handle.clone()) => Some(value),
+        };
+        match outcome {
+            Some(value) => {
+                lease.release().await?;
+                Ok(value)
+            }
+            None => {
+                let reason = lease.lost_reason();
+                drop(lease);
+                Err(Error::LeaseLost {
+                    key: key.to_string(),
+                    reason,
+                })
+            }
+        }
+    }
+
+    /// Locks under a prefix (leaseholdd).
+    pub async fn status(&self, prefix: &str) -> Result<Vec<LockStatus>> {
+        self.backend.status(prefix).await
+    }
+
+    /// A stream of lock events under a prefix (leaseholdd).
+    pub async fn watch(
+        &self,
+        prefix: &str,
+    ) -> Result<futures::stream::BoxStream<'static, Result<LockEvent>>> {
+        self.backend.watch(prefix).await
+    }
+
+    /// Releases `key` if `fence` still holds it; never anyone else's hold.
+    pub async fn release_by_fence(&self, key: &str, fence: Fence) -> Result<()> {
+        self.backend.release_by_fence(key, fence).await
+    }
+
+    /// Ends this client's sessions, releasing what they hold.
+    pub async fn close(&self) {
+        self.backend.close().await;
+    }
+}

@@ -1,0 +1,69 @@
+//! The client's errors.
+
+use crate::Fence;
+
+/// Why a lock operation failed. Match on the variant; the message is for people.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Someone else holds the lock.
+    #[error("lock {key:?} is held by {holder:?}{}", fence.map(|f| format!(" (fence {f})")).unwrap_or_default())]
+    Held {
+        /// The key.
+        key: String,
+        /// Who holds it, as that holder named itself (may be empty).
+        holder: String,
+        /// The holder's fencing token, where the backend has them.
+        fence: Option<Fence>,
+    },
+    /// The wait for the lock ran out.
+    #[error("timed out waiting for lock {key:?}")]
+    Timeout {
+        /// The key.
+        key: String,
+    },
+    /// The lease is gone: renewal failed, the server said it expired, or the
+    /// client-side deadline passed. Stop mutating what the lock protects.
+    #[error("lease on {key:?} lost: {reason}")]
+    LeaseLost {
+        /// The key.
+        key: String,
+        /// What happened.
+        reason: String,
+    },
+    /// A fencing token was refused because a newer one has been seen.
+    #[error("stale fence: presented {presented}, current {}", current.map_or_else(|| "none".to_string(), |c| c.to_string()))]
+    StaleFence {
+        /// The token presented.
+        presented: Fence,
+        /// The newer token, if known.
+        current: Option<Fence>,
+    },
+    /// The request was malformed (key too long, TTL out of range, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The lock store cannot be reached or is not serving; retrying may help.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// This backend cannot do that (e.g. checkpoints on Redis).
+    #[error("not supported by the {backend} backend: {what}")]
+    Unsupported {
+        /// The backend.
+        backend: &'static str,
+        /// What was asked.
+        what: &'static str,
+    },
+    /// A correctness lock was asked of a backend that only promises efficiency.
+    #[error("the {backend} backend only guarantees efficiency ({why}); a correctness lock needs leaseholdd, PostgreSQL or etcd")]
+    InsufficientGuarantee {
+        /// The backend.
+        backend: &'static str,
+        /// Why it cannot promise correctness.
+        why: &'static str,
+    },
+    /// Anything else the store reported.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Results of lock operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,285 @@
+//! Keeps a lease alive and says the moment it is lost.
+//!
+//! Every backend renews through this one loop, so every backend gets the same
+//! holder-side rules (DESIGN §1 "Time and expiry"):
+//! - renew every TTL/3;
+//! - the client's own deadline is `sent_at + ttl - margin`, from when the last
+//!   successful acquire or renewal was *sent*, so the client always gives up
+//!   before the store does;
+//! - a transient failure is retried until that deadline; a definitive one (the
+//!   store says expired, or not the owner) loses the lease at once;
+//! - at the deadline the lease is lost even if a renewal is still hanging;
+//! - stopping waits for a renewal in flight, so nothing is ever renewed after
+//!   a release is sent (the ordering bug Redisson users hit, #7272).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// How a renewal failed.
+#[derive(Debug, Clone)]
+pub enum RenewError {
+    /// The store says the lease is gone; retrying cannot help.
+    Lost(String),
+    /// The store could not be reached; retry until the deadline.
+    Transient(String),
+}
+
+/// The client-side margin taken off the TTL: a tenth, at least 20 ms, at most 2 s.
+pub fn margin(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(20), Duration::from_secs(2))
+}
+
+/// Shared view of a lease's liveness: cheap to clone.
+#[derive(Clone)]
+pub struct Liveness {
+    lost: CancellationToken,
+    inner: Arc<LivenessInner>,
+}
+
+struct LivenessInner {
+    deadline: Mutex<Instant>,
+    reason: Mutex<Option<String>>,
+    lost_flag: AtomicBool,
+}
+
+impl Liveness {
+    /// A live lease whose deadline is `deadline`.
+    pub fn new(deadline: Instant) -> Liveness {
+        Liveness {
+            lost: CancellationToken::new(),
+            inner: Arc::new(LivenessInner {
+                deadline: Mutex::new(deadline),
+                reason: Mutex::new(None),
+                lost_flag: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A liveness that is lost when `self` is, and can also be lost on its own.
+    pub fn child(&self) -> Liveness {
+        Liveness {
+            lost: self.lost.child_token(),
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// Marks the lease lost, with why. The first reason wins.
+    pub fn lose(&self, reason: impl Into<String>) {
+        {
+            let mut r = self.inner.reason.lock().unwrap_or_else(|e| e.into_inner());
+            if r.is_none() {
+                *r = Some(reason.into());
+            }
+        }
+        self.inner.lost_flag.store(true, Ordering::SeqCst);
+        self.lost.cancel();
+    }
+
+    /// Why it was lost.
+    pub fn reason(&self) -> String {
+        self.inner
+            .reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "lost".into())
+    }
+
+    /// The client-side deadline.
+    pub fn deadline(&self) -> Instant {
+        *self
+            .inner
+            .deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_deadline(&self, deadline: Instant) {
+        *self
+            .inner
+            .deadline
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = deadline;
+    }
+
+    /// Whether the lease is still good right now: not marked lost, and the
+    /// deadline has not passed. Checked synchronously, so a process resumed
+    /// after a long pause sees the truth before its renewal task has run.
+    pub fn is_live(&self) -> bool {
+        if self.lost.is_cancelled() {
+            return false;
+        }
+        if Instant::now() >= self.deadline() {
+            self.lose("the client-side deadline passed without a successful renewal");
+            return false;
+        }
+        true
+    }
+
+    /// The token cancelled when the lease is lost.
+    pub fn token(&self) -> &CancellationToken {
+        &self.lost
+    }
+}
+
+/// A running renewal loop.
+pub struct Keeper {
+    liveness: Liveness,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Keeper {
+    /// Starts renewing a lease acquired by a request sent at `sent_at`.
+    pub fn spawn<F, Fut>(ttl: Duration, sent_at: Instant, mut renew: F) -> Keeper
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), RenewError>> + Send,
+    {
+        let margin = margin(ttl);
+        let liveness = Liveness::new(sent_at + ttl - margin);
+        let stop = CancellationToken::new();
+        let (live, stopped) = (liveness.clone(), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut next = sent_at + ttl / 3;
+            loop {
+                let deadline = live.deadline();
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = live.lost.cancelled() => return,
+                    _ = tokio::time::sleep_until(next.min(deadline)) => {}
+                }
+                if Instant::now() >= live.deadline() {
+                    live.lose("the client-side deadline passed without a successful renewal");
+                    return;
+                }
+                let sent = Instant::now();
+                // Not cancelled by `stop`: a release waits for this to finish.
+                match tokio::time::timeout_at(live.deadline(), renew()).await {
+                    Ok(Ok(())) => {
+                        live.set_deadline(sent + ttl - margin);
+                        next = sent + ttl / 3;
+                    }
+                    Ok(Err(RenewError::Lost(why))) => {
+                        live.lose(why);
+                        return;
+                    }
+                    Ok(Err(RenewError::Transient(why))) => {
+                        tracing::debug!(%why, "renewal failed; retrying until the deadline");
+                        next = Instant::now()
+                            + (ttl / 10)
+                                .clamp(Duration::from_millis(10), Duration::from_millis(500));
+                    }
+                    Err(_) => {
+                        live.lose("renewal did not complete before the client-side deadline");
+                        return;
+                    }
+                }
+                if stopped.is_cancelled() {
+                    return;
+                }
+            }
+        });
+        Keeper {
+            liveness,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// The lease's liveness.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
+    }
+
+    /// Stops renewing and waits until no renewal is in flight.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[tokio::test(start_paused = true)]
+    async fn renews_every_third_of_the_ttl() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let c = count.clone();
+        let keeper = Keeper::spawn(Duration::from_secs(3), Instant::now(), move || {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(10_050)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 10);
+        assert!(keeper.liveness().is_live());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_failures_lose_the_lease_at_the_client_deadline() {
+        let start = Instant::now();
+        let keeper = Keeper::spawn(Duration::from_secs(3), start, || async {
+            Err(RenewError::Transient("connection refused".into()))
+        });
+        keeper.liveness().token().cancelled().await;
+        let lost_after = start.elapsed();
+        // ttl - margin = 3 s - 300 ms: before the store's 3 s.
+        assert!(lost_after <= Duration::from_millis(2_700), "{lost_after:?}");
+        assert!(lost_after >= Duration::from_millis(2_690), "{lost_after:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_definitive_failure_loses_it_at_once() {
+        let keeper = Keeper::spawn(Duration::from_secs(3), Instant::now(), || async {
+            Err(RenewError::Lost("lease expired".into()))
+        });
+        keeper.liveness().token().cancelled().await;
+        assert_eq!(keeper.liveness().reason(), "lease expired");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hanging_renewal_still_loses_at_the_deadline() {
+        let start = Instant::now();
+        let keeper = Keeper::spawn(Duration::from_secs(3), start, std::future::pending);
+        keeper.liveness().token().cancelled().await;
+        assert!(start.elapsed() <= Duration::from_millis(2_700));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_renewed_after_stop_returns() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let c = count.clone();
+        let keeper = Keeper::spawn(Duration::from_millis(300), Instant::now(), move || {
+            let c = c.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                c.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(120)).await; // a renewal is in flight
+        keeper.stop().await;
+        let after_stop = count.load(Ordering::SeqCst);
+        assert_eq!(after_stop, 1, "stop waits for the renewal in flight");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(count.load(Ordering::SeqCst), after_stop);
+    }
+}

@@ -1,0 +1,57 @@
+//! Leasehold client: locks that are a lease plus a fencing token.
+//!
+//! A [`Lease`] renews itself every TTL/3 and tells you the moment it is lost:
+//! when renewal fails, the store says it expired, or the client-side deadline
+//! (`sent_at + ttl - margin`) passes, whichever comes first — so the client
+//! always gives up before the store does. Every write the lock protects should
+//! carry the lease's fencing token, so that the resource can refuse a holder
+//! that was paused past its lease.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use leasehold::{Client, LockOptions};
+//!
+//! # async fn write_ledger(_fence: u64) {}
+//! # async fn run() -> Result<(), leasehold::Error> {
+//! let locks = Client::connect("http://127.0.0.1:7419").await?;
+//! let lease = locks
+//!     .acquire("order:42", LockOptions::default().ttl(Duration::from_secs(10)))
+//!     .await?;
+//! tokio::select! {
+//!     _ = async {
+//!         for _ in 0..100 {
+//!             // Check right before each fenced action; fails once the lease is lost.
+//!             let Ok(fence) = lease.token() else { break };
+//!             write_ledger(fence).await;
+//!         }
+//!     } => {}
+//!     _ = lease.lost() => eprintln!("lease lost: {}; stopping", lease.lost_reason()),
+//! }
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Backends
+//! [`Client::connect`] picks the store by URL; each declares the
+//! [`Guarantee`] it can give, and [`ClientBuilder::require`] refuses a
+//! backend that promises less than you need.
+//!
+//! | URL | backend | guarantee |
+//! |---|---|---|
+//! | `http://host:7419` | leaseholdd | Correctness |
+//! | `memory://` | this process only | Correctness (in-process) |
+#![deny(missing_docs)]
+
+pub mod backend;
+mod client;
+mod error;
+pub mod keeper;
+mod lease;
+
+pub use backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};
+pub use client::{Client, ClientBuilder, DEFAULT_ENDPOINT};
+pub use error::{Error, Result};
+pub use lease::{Lease, LeaseHandle};
+
+/// A fencing token.
+pub type Fence = u64;

@@ -1,0 +1,241 @@
+//! The client against a real `leaseholdd` process, including real faults:
+//! SIGSTOP of a holder, SIGSTOP of the server, kill -9 and restart of the server.
+
+use std::time::Duration;
+
+use leasehold::{Client, Error, LockOptions};
+use leasehold_testkit::{workspace_bin, Leaseholdd, Process};
+
+fn opts(ttl_ms: u64) -> LockOptions {
+    LockOptions::default().ttl(Duration::from_millis(ttl_ms))
+}
+
+#[tokio::test]
+async fn contention_fencing_and_checkpoints() {
+    let server = Leaseholdd::start();
+    let a = Client::builder(&server.url())
+        .holder("a")
+        .connect()
+        .await
+        .unwrap();
+    let b = Client::builder(&server.url())
+        .holder("b")
+        .connect()
+        .await
+        .unwrap();
+
+    let la = a.try_acquire("job", opts(5_000)).await.unwrap();
+    match b.try_acquire("job", opts(5_000)).await {
+        Err(Error::Held { holder, fence, .. }) => {
+            assert_eq!((holder.as_str(), fence), ("a", la.fence()))
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("two holders"),
+    }
+    la.save_checkpoint(b"item 17").await.unwrap();
+    let fa = la.token().unwrap();
+    la.release().await.unwrap();
+
+    let lb = b.try_acquire("job", opts(5_000)).await.unwrap();
+    assert!(lb.token().unwrap() > fa);
+    assert_eq!(lb.checkpoint(), Some(&b"item 17"[..]));
+}
+
+#[tokio::test]
+async fn acquire_waits_in_the_queue_and_gets_a_higher_token() {
+    let server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let b = Client::connect(&server.url()).await.unwrap();
+    let la = a.try_acquire("k", opts(5_000)).await.unwrap();
+    let fa = la.fence().unwrap();
+    let waiter = tokio::spawn(async move {
+        b.acquire("k", opts(5_000).wait(Duration::from_secs(10)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(la); // released in the background
+    let lb = waiter
+        .await
+        .unwrap()
+        .expect("granted after the drop released it");
+    assert!(lb.fence().unwrap() > fa);
+
+    let c = Client::connect(&server.url()).await.unwrap();
+    let err = c
+        .acquire("k", opts(5_000).wait(Duration::from_millis(300)))
+        .await
+        .err();
+    assert!(matches!(err, Some(Error::Timeout { .. })), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_lease_outlives_many_ttls_while_renewed() {
+    let server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let lease = a.try_acquire("k", opts(300)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(lease.is_live(), "lost: {}", lease.lost_reason());
+    let other = Client::connect(&server.url()).await.unwrap();
+    assert!(matches!(
+        other.try_acquire("k", opts(300)).await,
+        Err(Error::Held { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_paused_holder_finds_its_lease_lost_before_its_next_fenced_write() {
+    let server = Leaseholdd::start();
+    let dir = tempfile_dir();
+    let out = dir.join("writes.log");
+    let writer = Process::spawn(
+        &workspace_bin("examples/fenced_writer"),
+        &[
+            server.url(),
+            "ledger".into(),
+            "600".into(),
+            out.display().to_string(),
+        ],
+        &dir.join("writer.out"),
+    );
+    wait_for(|| std::fs::read_to_string(&out).is_ok_and(|s| s.lines().count() >= 3)).await;
+
+    writer.pause(); // a GC pause, a stalled VM
+    let b = Client::connect(&server.url()).await.unwrap();
+    let lb = b
+        .acquire("ledger", opts(5_000).wait(Duration::from_secs(5)))
+        .await
+        .expect("B gets the lock");
+    let fb = lb.token().unwrap();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&out)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("B {fb}\n").as_bytes()))
+        .unwrap();
+    writer.resume();
+    wait_for(|| writer.output().contains("lost")).await;
+
+    let log = std::fs::read_to_string(&out).unwrap();
+    let after_b: Vec<&str> = log
+        .lines()
+        .skip_while(|l| !l.starts_with("B "))
+        .skip(1)
+        .collect();
+    assert!(
+        after_b.iter().all(|l| l.starts_with("A lost")),
+        "the paused holder wrote after the new holder:\n{log}"
+    );
+    let fa: u64 = log
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("A ")
+        .parse()
+        .unwrap();
+    assert!(fb > fa);
+    drop(writer);
+}
+
+#[tokio::test]
+async fn with_lock_cancels_its_body_when_the_lease_is_lost() {
+    let server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let body_finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = body_finished.clone();
+    let run = tokio::spawn(async move {
+        a.with_lock("k", opts(600), |lease| async move {
+            assert!(lease.token().is_ok());
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.process.pause(); // renewals stop getting answers
+    let result = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("with_lock returns")
+        .unwrap();
+    server.process.resume();
+    assert!(matches!(result, Err(Error::LeaseLost { .. })), "{result:?}");
+    assert!(!body_finished.load(std::sync::atomic::Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn release_after_loss_says_so_and_leaves_the_new_holder_alone() {
+    let server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let la = a.try_acquire("k", opts(500)).await.unwrap();
+    server.process.pause();
+    la.lost().await;
+    server.process.resume();
+    let b = Client::connect(&server.url()).await.unwrap();
+    let lb = b
+        .acquire("k", opts(5_000).wait(Duration::from_secs(5)))
+        .await
+        .expect("B takes it after A's expiry");
+    assert!(matches!(la.release().await, Err(Error::LeaseLost { .. })));
+    let status = b.status("k").await.unwrap();
+    assert_eq!(status[0].fence, lb.fence(), "A's release touched B's lock");
+    assert!(lb.is_live());
+}
+
+#[tokio::test]
+async fn a_server_restart_never_leaves_two_holders() {
+    let mut server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let la = a.try_acquire("k", opts(3_000)).await.unwrap();
+    server.crash_and_restart();
+    // Give the client a renewal round against the restarted server.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let b = Client::connect(&server.url()).await.unwrap();
+    let second = b.try_acquire("k", opts(3_000)).await;
+    match (la.is_live(), &second) {
+        (true, Err(Error::Held { .. })) => {} // A kept it: restored with a full TTL
+        (false, _) => {}                      // A was told it lost it
+        (true, Ok(_)) => panic!("two holders after a restart"),
+        (true, Err(e)) => panic!("unexpected: {e}"),
+    }
+    assert!(
+        la.is_live(),
+        "with a 3 s TTL and a quick restart, the lease should survive: {}",
+        la.lost_reason()
+    );
+}
+
+#[tokio::test]
+async fn a_correctness_lock_is_refused_from_an_efficiency_backend_only() {
+    let server = Leaseholdd::start();
+    let client = Client::builder(&server.url())
+        .require(leasehold::Guarantee::Correctness)
+        .connect()
+        .await;
+    assert!(client.is_ok());
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "leasehold-test-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rand_suffix() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+async fn wait_for(mut ready: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if ready() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("condition not reached in 10 s");
+}
