@@ -214,3 +214,105 @@ impl Leaseholdd {
         self.wait_ready();
     }
 }
+
+/// Whether something accepts TCP connections at `addr`.
+pub fn listening(addr: &str) -> bool {
+    TcpStream::connect(addr).is_ok()
+}
+
+/// A `redis-server` of our own, without persistence, on a free port.
+pub struct RedisServer {
+    /// The process.
+    pub process: Process,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it answers.
+    pub fn start() -> RedisServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let process = Process::spawn(
+            Path::new("redis-server"),
+            &args,
+            &dir.path().join("redis.log"),
+        );
+        let addr = format!("127.0.0.1:{port}");
+        wait_until(Duration::from_secs(10), "redis-server to listen", || {
+            listening(&addr)
+        });
+        RedisServer {
+            process,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+}
+
+/// An `etcd` of our own, with a temporary data directory, on free ports.
+pub struct EtcdServer {
+    /// The process.
+    pub process: Process,
+    /// `127.0.0.1:PORT` for clients.
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    /// Starts one and waits until it answers.
+    pub fn start() -> EtcdServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (client, peer) = (free_port(), free_port());
+        let addr = format!("127.0.0.1:{client}");
+        let args: Vec<String> = vec![
+            "--name".into(),
+            "test".into(),
+            "--data-dir".into(),
+            dir.path().join("data").display().to_string(),
+            "--listen-client-urls".into(),
+            format!("http://{addr}"),
+            "--advertise-client-urls".into(),
+            format!("http://{addr}"),
+            "--listen-peer-urls".into(),
+            format!("http://127.0.0.1:{peer}"),
+            "--initial-advertise-peer-urls".into(),
+            format!("http://127.0.0.1:{peer}"),
+            "--initial-cluster".into(),
+            format!("test=http://127.0.0.1:{peer}"),
+        ];
+        let process = Process::spawn(Path::new("etcd"), &args, &dir.path().join("etcd.log"));
+        wait_until(Duration::from_secs(20), "etcd to answer", || {
+            http_get(&addr, "/health").is_some_and(|b| b.contains("true"))
+        });
+        EtcdServer {
+            process,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    /// `etcd://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.addr)
+    }
+}

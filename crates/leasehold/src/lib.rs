@@ -39,6 +39,10 @@
 //! | URL | backend | guarantee |
 //! |---|---|---|
 //! | `http://host:7419` | leaseholdd | Correctness |
+//! | `postgres://user@host/db` | PostgreSQL | Correctness |
+//! | `etcd://host:2379` | etcd | Correctness |
+//! | `redis://host:6379` | one Redis | Efficiency |
+//! | `redlock://h1:p,h2:p,h3:p` | Redlock | Efficiency, no fencing tokens |
 //! | `memory://` | this process only | Correctness (in-process) |
 #![deny(missing_docs)]
 

@@ -1,8 +1,12 @@
 //! The lock stores, one file each, behind [`Backend`]: what every store
 //! implements, and [`connect`], which picks one by URL.
 
+pub mod etcd;
 pub mod leaseholdd;
 pub mod memory;
+pub mod postgres;
+pub mod redis;
+pub mod redlock;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +22,10 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
     match scheme {
         "http" | "https" | "leasehold" => Ok(Arc::new(leaseholdd::Leaseholdd::connect(url).await?)),
         "memory" => Ok(Arc::new(memory::Memory::default())),
+        "redis" | "rediss" => Ok(Arc::new(redis::Redis::connect(url).await?)),
+        "redlock" => Ok(Arc::new(redlock::Redlock::connect(url).await?)),
+        "postgres" | "postgresql" => Ok(Arc::new(postgres::Postgres::connect(url).await?)),
+        "etcd" => Ok(Arc::new(etcd::Etcd::connect(url).await?)),
         _ => Err(Error::InvalidArgument(format!(
             "unknown backend URL {url:?}: use http://HOST:PORT (leaseholdd), redis://, redlock://, postgres://, etcd:// or memory://"
         ))),

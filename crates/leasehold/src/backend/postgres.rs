@@ -1,0 +1,288 @@
+//! PostgreSQL — `Correctness`.
+//!
+//! Leases are rows judged by the database's own clock (`clock_timestamp()`),
+//! so client clocks never decide who holds a lock. Fencing tokens come from a
+//! sequence, which never hands out a value twice. Acquire, renew, release and
+//! checkpoint are each one ownership-checked statement. A waiting acquire
+//! retries with jittered, bounded backoff (10–160 ms), not a hot loop.
+//!
+//! The schema is created on first use (see [`SCHEMA`]), under an advisory lock
+//! so that many clients starting at once do not race.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::{Client as PgClient, NoTls};
+
+use super::redis::{backoff, validate};
+use super::{Acquired, Backend, Guarantee, Hold, LockOptions, LockStatus};
+use crate::keeper::{Keeper, RenewError};
+use crate::{Error, Fence, Result};
+
+/// The tables and sequence the backend uses; created if missing.
+pub const SCHEMA: &str = "
+CREATE SEQUENCE IF NOT EXISTS leasehold_fence;
+CREATE TABLE IF NOT EXISTS leasehold_locks (
+    key        text PRIMARY KEY,
+    owner      text NOT NULL,
+    holder     text NOT NULL,
+    fence      bigint NOT NULL,
+    ttl_ms     bigint NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leasehold_checkpoints (
+    key   text PRIMARY KEY,
+    fence bigint NOT NULL,
+    data  bytea NOT NULL
+);
+";
+
+const ACQUIRE: &str = "
+INSERT INTO leasehold_locks (key, owner, holder, fence, ttl_ms, expires_at)
+VALUES ($1, $2, $3, nextval('leasehold_fence'), $4::bigint, clock_timestamp() + $4::bigint::float8 * interval '1 millisecond')
+ON CONFLICT (key) DO UPDATE
+    SET owner = EXCLUDED.owner, holder = EXCLUDED.holder, fence = EXCLUDED.fence,
+        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at
+    WHERE leasehold_locks.expires_at <= clock_timestamp()
+RETURNING fence, (SELECT data FROM leasehold_checkpoints c WHERE c.key = $1)";
+
+const RENEW: &str = "
+UPDATE leasehold_locks SET expires_at = clock_timestamp() + ttl_ms::float8 * interval '1 millisecond'
+WHERE key = $1 AND fence = $2 AND expires_at > clock_timestamp()";
+
+const RELEASE: &str = "DELETE FROM leasehold_locks WHERE key = $1 AND fence = $2";
+
+const CHECKPOINT: &str = "
+INSERT INTO leasehold_checkpoints (key, fence, data)
+SELECT $1, $2, $3 WHERE EXISTS (
+    SELECT 1 FROM leasehold_locks WHERE key = $1 AND fence = $2 AND expires_at > clock_timestamp())
+ON CONFLICT (key) DO UPDATE SET fence = EXCLUDED.fence, data = EXCLUDED.data";
+
+/// The PostgreSQL backend: a few connections used round-robin.
+pub struct Postgres {
+    pool: Arc<Vec<PgClient>>,
+    next: AtomicUsize,
+}
+
+fn db_error(e: tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        Some(db) => Error::Other(format!("postgres: {}", db.message())),
+        None => Error::Unavailable(format!("postgres: {e}")),
+    }
+}
+
+impl Postgres {
+    /// Connects to `postgres://user@host:port/db`. `?pool=N` sets how many
+    /// connections to open (default 4).
+    pub async fn connect(url: &str) -> Result<Postgres> {
+        let (url, size) = match url.split_once("pool=") {
+            Some((base, n)) => {
+                let n: usize = n
+                    .split('&')
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| Error::InvalidArgument(format!("bad pool size in {url:?}")))?;
+                (
+                    base.trim_end_matches(['?', '&']).to_string(),
+                    n.clamp(1, 64),
+                )
+            }
+            None => (url.to_string(), 4),
+        };
+        let mut pool = Vec::with_capacity(size);
+        for _ in 0..size {
+            let (client, connection) =
+                tokio::time::timeout(Duration::from_secs(5), tokio_postgres::connect(&url, NoTls))
+                    .await
+                    .map_err(|_| Error::Unavailable("postgres: connect timed out".into()))?
+                    .map_err(|e| Error::Unavailable(format!("postgres at {url}: {e}")))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "postgres connection ended");
+                }
+            });
+            pool.push(client);
+        }
+        let first = &pool[0];
+        first
+            .batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock(7419); {SCHEMA} COMMIT;"
+            ))
+            .await
+            .map_err(db_error)?;
+        Ok(Postgres {
+            pool: Arc::new(pool),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    fn conn(&self) -> &PgClient {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
+        &self.pool[i]
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn guarantee(&self) -> Guarantee {
+        Guarantee::Correctness
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        opts: &LockOptions,
+        wait: Option<Duration>,
+    ) -> Result<Acquired> {
+        validate(key, opts.ttl)?;
+        let ttl_ms = i64::try_from(opts.ttl.as_millis()).unwrap_or(i64::MAX);
+        let owner = format!("{:016x}", rand::random::<u64>());
+        let give_up = Instant::now() + wait.unwrap_or_default();
+        let mut attempt = 0;
+        loop {
+            let sent_at = Instant::now();
+            let row = self
+                .conn()
+                .query_opt(ACQUIRE, &[&key, &owner, &holder, &ttl_ms])
+                .await
+                .map_err(db_error)?;
+            if let Some(row) = row {
+                let fence = row.get::<_, i64>(0) as Fence;
+                let checkpoint: Option<Vec<u8>> = row.get(1);
+                let (pool, k) = (self.pool.clone(), key.to_string());
+                let keeper = Keeper::spawn(opts.ttl, sent_at, move || {
+                    let (pool, k) = (pool.clone(), k.clone());
+                    async move {
+                        match pool[0].execute(RENEW, &[&k, &(fence as i64)]).await {
+                            Ok(1) => Ok(()),
+                            Ok(_) => Err(RenewError::Lost(
+                                "the lease row expired or was taken".into(),
+                            )),
+                            Err(e) => Err(RenewError::Transient(e.to_string())),
+                        }
+                    }
+                });
+                return Ok(Acquired {
+                    fence: Some(fence),
+                    checkpoint,
+                    liveness: keeper.liveness().clone(),
+                    hold: Box::new(PostgresHold {
+                        pool: self.pool.clone(),
+                        key: key.to_string(),
+                        fence,
+                        keeper,
+                    }),
+                });
+            }
+            if wait.is_none() {
+                let row = self
+                    .conn()
+                    .query_opt(
+                        "SELECT holder, fence FROM leasehold_locks WHERE key = $1",
+                        &[&key],
+                    )
+                    .await
+                    .map_err(db_error)?;
+                return Err(Error::Held {
+                    key: key.to_string(),
+                    holder: row
+                        .as_ref()
+                        .map(|r| r.get::<_, String>(0))
+                        .unwrap_or_default(),
+                    fence: row.map(|r| r.get::<_, i64>(1) as Fence),
+                });
+            }
+            if !backoff(&mut attempt, give_up).await {
+                return Err(Error::Timeout {
+                    key: key.to_string(),
+                });
+            }
+        }
+    }
+
+    async fn status(&self, prefix: &str) -> Result<Vec<LockStatus>> {
+        let rows = self
+            .conn()
+            .query(
+                "SELECT key, holder, fence, GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000))::bigint
+                 FROM leasehold_locks WHERE starts_with(key, $1) AND expires_at > clock_timestamp() ORDER BY key",
+                &[&prefix],
+            )
+            .await
+            .map_err(db_error)?;
+        Ok(rows
+            .iter()
+            .map(|r| LockStatus {
+                key: r.get(0),
+                holder: r.get(1),
+                fence: Some(r.get::<_, i64>(2) as Fence),
+                ttl_left_ms: r.get::<_, i64>(3) as u64,
+                waiters: 0,
+            })
+            .collect())
+    }
+
+    async fn release_by_fence(&self, key: &str, fence: Fence) -> Result<()> {
+        release(&self.pool[0], key, fence).await
+    }
+}
+
+async fn release(conn: &PgClient, key: &str, fence: Fence) -> Result<()> {
+    if conn
+        .execute(RELEASE, &[&key, &(fence as i64)])
+        .await
+        .map_err(db_error)?
+        == 1
+    {
+        return Ok(());
+    }
+    let current = conn
+        .query_opt(
+            "SELECT fence FROM leasehold_locks WHERE key = $1 AND expires_at > clock_timestamp()",
+            &[&key],
+        )
+        .await
+        .map_err(db_error)?
+        .map(|r| r.get::<_, i64>(0) as Fence);
+    Err(Error::StaleFence {
+        presented: fence,
+        current,
+    })
+}
+
+struct PostgresHold {
+    pool: Arc<Vec<PgClient>>,
+    key: String,
+    fence: Fence,
+    keeper: Keeper,
+}
+
+#[async_trait::async_trait]
+impl Hold for PostgresHold {
+    async fn release(self: Box<Self>) -> Result<()> {
+        self.keeper.stop().await;
+        release(&self.pool[0], &self.key, self.fence).await
+    }
+
+    async fn save_checkpoint(&self, data: &[u8]) -> Result<()> {
+        let n = self.pool[0]
+            .execute(CHECKPOINT, &[&self.key, &(self.fence as i64), &data])
+            .await
+            .map_err(db_error)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(Error::StaleFence {
+                presented: self.fence,
+                current: None,
+            })
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! A single Redis — `Efficiency`.
+//!
+//! Acquire is `SET key value NX PX ttl` and an `INCR` of a fencing counter in
+//! one Lua script; renew and release are scripts that compare the owner
+//! before `PEXPIRE`/`DEL` (there is no blind `DEL`). The token is only as
+//! durable as Redis: after a failover, or a restart without fsync, the lock
+//! and the counter can both be lost and the counter can go back. Hence
+//! efficiency: good for avoiding duplicate work, not for protecting data.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::Script;
+use tokio::time::Instant;
+
+use super::{Acquired, Backend, Guarantee, Hold, LockOptions};
+use crate::keeper::{Keeper, RenewError};
+use crate::{Error, Fence, Result};
+
+const PREFIX: &str = "leasehold:lock:";
+const CHECKPOINT_PREFIX: &str = "leasehold:checkpoint:";
+const FENCE_KEY: &str = "leasehold:fence";
+
+/// Sets the lock if free and takes a token; otherwise returns the holder's value.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], 'pending', 'NX', 'PX', ARGV[2]) then
+  local fence = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], fence .. '|' .. ARGV[1], 'PX', ARGV[2])
+  return {1, fence, redis.call('GET', KEYS[3]) or false}
+end
+return {0, redis.call('GET', KEYS[1]) or '', false}
+";
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+";
+/// Releases only if the value still names this fence (a release by token).
+const RELEASE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return -1 end
+local f = tonumber(string.match(v, '^(%d+)|'))
+if f == tonumber(ARGV[1]) then redis.call('DEL', KEYS[1]) return 0 end
+return f or -1
+";
+const CHECKPOINT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[2], ARGV[2]) return 1 end
+return 0
+";
+
+fn unavailable(e: redis::RedisError) -> Error {
+    Error::Unavailable(format!("redis: {e}"))
+}
+
+/// Parses `FENCE|OWNER|HOLDER`.
+fn parse_value(v: &str) -> (Option<Fence>, String) {
+    let mut parts = v.splitn(3, '|');
+    let fence = parts.next().and_then(|f| f.parse().ok());
+    let _owner = parts.next();
+    (fence, parts.next().unwrap_or("").to_string())
+}
+
+/// Takes and holds locks in one Redis; shared by the Redlock backend per node.
+#[derive(Clone)]
+pub(crate) struct Node {
+    pub(crate) conn: MultiplexedConnection,
+}
+
+impl Node {
+    pub(crate) async fn connect(url: &str) -> Result<Node> {
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::InvalidArgument(format!("redis URL {url:?}: {e}")))?;
+        let conn = tokio::time::timeout(
+            Duration::from_secs(3),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| Error::Unavailable(format!("redis at {url}: connect timed out")))?
+        .map_err(unavailable)?;
+        Ok(Node { conn })
+    }
+
+    /// `SET NX PX` with `value`; returns whether it was set.
+    pub(crate) async fn set_nx(&self, key: &str, value: &str, ttl: Duration) -> Result<bool> {
+        let r: Option<String> = redis::cmd("SET")
+            .arg(format!("{PREFIX}{key}"))
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(r.is_some())
+    }
+
+    /// Extends the lock if `value` still owns it.
+    pub(crate) async fn renew(&self, key: &str, value: &str, ttl: Duration) -> Result<bool> {
+        let n: i64 = Script::new(RENEW)
+            .key(format!("{PREFIX}{key}"))
+            .arg(value)
+            .arg(ttl.as_millis() as u64)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(n == 1)
+    }
+
+    /// Deletes the lock if `value` still owns it.
+    pub(crate) async fn release_value(&self, key: &str, value: &str) -> Result<bool> {
+        let n: i64 = Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
+            .key(format!("{PREFIX}{key}"))
+            .arg(value)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        Ok(n == 1)
+    }
+}
+
+/// The single-Redis backend.
+pub struct Redis {
+    node: Node,
+}
+
+impl Redis {
+    /// Connects to `redis://host:port[/db]`.
+    pub async fn connect(url: &str) -> Result<Redis> {
+        Ok(Redis {
+            node: Node::connect(url).await?,
+        })
+    }
+
+    async fn try_once(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<std::result::Result<Acquired, Error>> {
+        let owner = format!("{:016x}|{holder}", rand::random::<u64>());
+        let sent_at = Instant::now();
+        let (taken, second, third): (i64, redis::Value, redis::Value) = Script::new(ACQUIRE)
+            .key(format!("{PREFIX}{key}"))
+            .key(FENCE_KEY)
+            .key(format!("{CHECKPOINT_PREFIX}{key}"))
+            .arg(&owner)
+            .arg(ttl.as_millis() as u64)
+            .invoke_async(&mut self.node.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        if taken == 0 {
+            let value: String = redis::from_redis_value(&second).unwrap_or_default();
+            let (fence, holder) = parse_value(&value);
+            return Ok(Err(Error::Held {
+                key: key.to_string(),
+                holder,
+                fence,
+            }));
+        }
+        let fence: Fence =
+            redis::from_redis_value(&second).map_err(|e| Error::Other(format!("redis: {e}")))?;
+        let checkpoint: Option<Vec<u8>> = redis::from_redis_value(&third).ok();
+        let value = format!("{fence}|{owner}");
+        let (node, k, v) = (self.node.clone(), key.to_string(), value.clone());
+        let keeper = Keeper::spawn(ttl, sent_at, move || {
+            let (node, k, v) = (node.clone(), k.clone(), v.clone());
+            async move {
+                match node.renew(&k, &v, ttl).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(RenewError::Lost("the lock expired in Redis".into())),
+                    Err(e) => Err(RenewError::Transient(e.to_string())),
+                }
+            }
+        });
+        Ok(Ok(Acquired {
+            fence: Some(fence),
+            checkpoint,
+            liveness: keeper.liveness().clone(),
+            hold: Box::new(RedisHold {
+                node: self.node.clone(),
+                key: key.to_string(),
+                value,
+                fence,
+                keeper,
+            }),
+        }))
+    }
+}
+
+/// Waits with jittered, bounded backoff until `give_up`; `Ok(false)` past it.
+pub(crate) async fn backoff(attempt: &mut u32, give_up: Instant) -> bool {
+    let base = Duration::from_millis(10u64 << (*attempt).min(4)); // 10 ms .. 160 ms
+    *attempt += 1;
+    let jitter = Duration::from_millis(rand::random::<u64>() % (base.as_millis() as u64 + 1));
+    let at = Instant::now() + base / 2 + jitter;
+    if at >= give_up {
+        return false;
+    }
+    tokio::time::sleep_until(at).await;
+    true
+}
+
+#[async_trait::async_trait]
+impl Backend for Redis {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn guarantee(&self) -> Guarantee {
+        Guarantee::Efficiency
+    }
+
+    fn efficiency_reason(&self) -> &'static str {
+        "a single Redis loses locks and fencing counters on failover or on a restart without fsync"
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        holder: &str,
+        opts: &LockOptions,
+        wait: Option<Duration>,
+    ) -> Result<Acquired> {
+        validate(key, opts.ttl)?;
+        let give_up = Instant::now() + wait.unwrap_or_default();
+        let mut attempt = 0;
+        loop {
+            match self.try_once(key, holder, opts.ttl).await? {
+                Ok(acquired) => return Ok(acquired),
+                Err(held) if wait.is_none() => return Err(held),
+                Err(_) => {
+                    if !backoff(&mut attempt, give_up).await {
+                        return Err(Error::Timeout {
+                            key: key.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release_by_fence(&self, key: &str, fence: Fence) -> Result<()> {
+        release_fence(&self.node, key, fence).await
+    }
+}
+
+pub(crate) fn validate(key: &str, ttl: Duration) -> Result<()> {
+    if key.is_empty() || key.len() > 512 {
+        return Err(Error::InvalidArgument(format!(
+            "key must be 1 to 512 bytes, not {}",
+            key.len()
+        )));
+    }
+    if ttl < Duration::from_millis(10) {
+        return Err(Error::InvalidArgument("ttl must be at least 10 ms".into()));
+    }
+    Ok(())
+}
+
+async fn release_fence(node: &Node, key: &str, fence: Fence) -> Result<()> {
+    let n: i64 = Script::new(RELEASE)
+        .key(format!("{PREFIX}{key}"))
+        .arg(fence)
+        .invoke_async(&mut node.conn.clone())
+        .await
+        .map_err(unavailable)?;
+    match n {
+        0 => Ok(()),
+        -1 => Err(Error::StaleFence {
+            presented: fence,
+            current: None,
+        }),
+        current => Err(Error::StaleFence {
+            presented: fence,
+            current: u64::try_from(current).ok(),
+        }),
+    }
+}
+
+struct RedisHold {
+    node: Node,
+    key: String,
+    value: String,
+    fence: Fence,
+    keeper: Keeper,
+}
+
+#[async_trait::async_trait]
+impl Hold for RedisHold {
+    async fn release(self: Box<Self>) -> Result<()> {
+        self.keeper.stop().await;
+        release_fence(&self.node, &self.key, self.fence).await
+    }
+
+    async fn save_checkpoint(&self, data: &[u8]) -> Result<()> {
+        let n: i64 = Script::new(CHECKPOINT)
+            .key(format!("{PREFIX}{}", self.key))
+            .key(format!("{CHECKPOINT_PREFIX}{}", self.key))
+            .arg(&self.value)
+            .arg(data)
+            .invoke_async(&mut self.node.conn.clone())
+            .await
+            .map_err(unavailable)?;
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(Error::StaleFence {
+                presented: self.fence,
+                current: None,
+            })
+        }
+    }
+}

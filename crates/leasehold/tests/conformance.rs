@@ -1,0 +1,497 @@
+//! One conformance suite, run against every backend on real servers.
+//!
+//! Each backend is one line at the bottom. The shared PostgreSQL (127.0.0.1:5432,
+//! database `test`) and Redis (127.0.0.1:6379) are used where the test only
+//! needs a store; tests that kill the store start their own `redis-server`,
+//! `etcd` or `leaseholdd` on free ports.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold::{Client, Error, Guarantee, LockOptions};
+use leasehold_testkit::{workspace_bin, EtcdServer, Leaseholdd, Process, RedisServer};
+use tokio::time::Instant;
+
+/// A store to run the suite against, and what it can do.
+struct Store {
+    url: String,
+    /// Whether grants carry fencing tokens.
+    fenced: bool,
+    /// Whether another process can see the same locks.
+    shared: bool,
+    /// The TTL to use: etcd leases are whole seconds with a minimum.
+    ttl: Duration,
+    _servers: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+impl Store {
+    fn leaseholdd() -> Store {
+        let server = Leaseholdd::start();
+        Store::new(
+            server.url(),
+            true,
+            Duration::from_millis(600),
+            vec![Box::new(server)],
+        )
+    }
+
+    fn redis() -> Store {
+        Store::new(
+            "redis://127.0.0.1:6379".into(),
+            true,
+            Duration::from_millis(600),
+            vec![],
+        )
+    }
+
+    fn redlock() -> Store {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+        let url = format!(
+            "redlock://{}",
+            nodes
+                .iter()
+                .map(|n| n.addr.clone())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let mut store = Store::new(url, false, Duration::from_millis(600), vec![]);
+        store._servers = nodes
+            .into_iter()
+            .map(|n| Box::new(n) as Box<dyn std::any::Any + Send>)
+            .collect();
+        store
+    }
+
+    fn postgres() -> Store {
+        Store::new(
+            "postgres://root@127.0.0.1:5432/test".into(),
+            true,
+            Duration::from_millis(600),
+            vec![],
+        )
+    }
+
+    fn etcd() -> Store {
+        let server = EtcdServer::start();
+        Store::new(
+            server.url(),
+            true,
+            Duration::from_secs(2),
+            vec![Box::new(server)],
+        )
+    }
+
+    fn memory() -> Store {
+        let mut s = Store::new("memory://".into(), true, Duration::from_millis(600), vec![]);
+        s.shared = false;
+        s
+    }
+
+    fn new(
+        url: String,
+        fenced: bool,
+        ttl: Duration,
+        servers: Vec<Box<dyn std::any::Any + Send>>,
+    ) -> Store {
+        Store {
+            url,
+            fenced,
+            shared: true,
+            ttl,
+            _servers: servers,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect(&self.url).await.expect("connect")
+    }
+
+    fn opts(&self) -> LockOptions {
+        LockOptions::default().ttl(self.ttl)
+    }
+}
+
+/// A key no other test (or earlier run against a shared store) uses.
+fn unique(name: &str) -> String {
+    format!("conformance/{name}/{:016x}", rand::random::<u64>())
+}
+
+/// A resource that remembers the highest token it has seen (a fence gate in
+/// miniature) and a counter updated by read-modify-write.
+#[derive(Default)]
+struct Counter {
+    value: Mutex<(u64, u64)>,
+    inside: AtomicBool,
+    overlaps: AtomicUsize,
+    stale: AtomicUsize,
+}
+
+/// Many tasks take the lock in turn and do a slow read-modify-write; no update
+/// may be lost and no two may be inside at once.
+async fn mutual_exclusion(store: &Store) {
+    let key = unique("counter");
+    let counter = Arc::new(Counter::default());
+    let (tasks, rounds) = (6, 6);
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let client = if store.shared {
+            store.client().await
+        } else {
+            shared_memory_client(store).await
+        };
+        let (key, counter, opts) = (
+            key.clone(),
+            counter.clone(),
+            store.opts().wait(Duration::from_secs(60)),
+        );
+        let fenced = store.fenced;
+        handles.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let lease = client.acquire(&key, opts.clone()).await.expect("acquire");
+                if counter.inside.swap(true, Ordering::SeqCst) {
+                    counter.overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                let read = counter.value.lock().unwrap().0;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                {
+                    let mut v = counter.value.lock().unwrap();
+                    if fenced {
+                        let token = lease.token().expect("live lease");
+                        if token < v.1 {
+                            counter.stale.fetch_add(1, Ordering::SeqCst);
+                            continue;
+                        }
+                        v.1 = token;
+                    }
+                    v.0 = read + 1;
+                }
+                counter.inside.store(false, Ordering::SeqCst);
+                lease.release().await.expect("release");
+            }
+        }));
+    }
+    for h in handles {
+        h.await.expect("task");
+    }
+    assert_eq!(
+        counter.overlaps.load(Ordering::SeqCst),
+        0,
+        "two holders at once"
+    );
+    assert_eq!(
+        counter.stale.load(Ordering::SeqCst),
+        0,
+        "a lower token came after a higher one"
+    );
+    assert_eq!(
+        counter.value.lock().unwrap().0,
+        tasks * rounds,
+        "an update was lost"
+    );
+}
+
+static MEMORY: std::sync::OnceLock<Client> = std::sync::OnceLock::new();
+
+/// In-process stores are shared by cloning one client.
+async fn shared_memory_client(store: &Store) -> Client {
+    if let Some(c) = MEMORY.get() {
+        return c.clone();
+    }
+    let c = store.client().await;
+    MEMORY.get_or_init(|| c).clone()
+}
+
+/// Renewal keeps the lock past several TTLs; others see it held meanwhile.
+async fn renewal_keeps_it(store: &Store) {
+    let key = unique("renew");
+    let a = store.client().await;
+    let lease = a.try_acquire(&key, store.opts()).await.expect("acquire");
+    tokio::time::sleep(store.ttl * 3).await;
+    assert!(
+        lease.is_live(),
+        "lost while renewing: {}",
+        lease.lost_reason()
+    );
+    let b = if store.shared {
+        store.client().await
+    } else {
+        a.clone()
+    };
+    match b.try_acquire(&key, store.opts()).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!("expected Held, got {:?}", other.map(|l| l.fence())),
+    }
+    lease.release().await.expect("release");
+    b.try_acquire(&key, store.opts())
+        .await
+        .expect("free after release");
+}
+
+/// A holder that vanishes (kill -9) stops renewing; its lock expires and the
+/// next holder gets a higher token.
+async fn expiry_frees_the_lock(store: &Store) {
+    let key = unique("expiry");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("writes");
+    let mut holder = Process::spawn(
+        &workspace_bin("examples/fenced_writer"),
+        &[
+            store.url.clone(),
+            key.clone(),
+            store.ttl.as_millis().to_string(),
+            out.display().to_string(),
+        ],
+        &dir.path().join("holder.log"),
+    );
+    leasehold_testkit::wait_until(Duration::from_secs(10), "the holder to write", || {
+        std::fs::read_to_string(&out).is_ok_and(|s| !s.is_empty())
+    });
+    let b = store.client().await;
+    assert!(matches!(
+        b.try_acquire(&key, store.opts()).await,
+        Err(Error::Held { .. })
+    ));
+    holder.kill9();
+    let lease = b
+        .acquire(
+            &key,
+            store.opts().wait(store.ttl * 4 + Duration::from_secs(2)),
+        )
+        .await
+        .expect("the lock expires after its holder vanished");
+    if store.fenced {
+        let first: u64 = std::fs::read_to_string(&out)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .trim_start_matches("A ")
+            .parse()
+            .unwrap();
+        assert!(lease.token().unwrap() > first);
+    }
+}
+
+/// Tokens strictly increase across holders; a stale release changes nothing.
+async fn tokens_increase_and_stale_release_is_refused(store: &Store) {
+    let key = unique("tokens");
+    let a = store.client().await;
+    let mut last = 0;
+    for _ in 0..5 {
+        let lease = a.try_acquire(&key, store.opts()).await.expect("acquire");
+        let fence = lease.fence().expect("fenced backend");
+        assert!(fence > last, "token {fence} not above {last}");
+        last = fence;
+        lease.release().await.expect("release");
+    }
+    let current = a.try_acquire(&key, store.opts()).await.expect("acquire");
+    match a.release_by_fence(&key, last).await {
+        Err(Error::StaleFence { presented, .. }) => assert_eq!(presented, last),
+        other => panic!("stale release: {other:?}"),
+    }
+    assert!(current.is_live());
+    // Another client: on leaseholdd, the same client's session would be
+    // answered with the hold it already has.
+    let b = if store.shared {
+        store.client().await
+    } else {
+        a.clone()
+    };
+    match b.try_acquire(&key, store.opts()).await {
+        Err(Error::Held { fence, .. }) => assert_eq!(fence, current.fence()),
+        other => panic!(
+            "the stale release freed the lock: {:?}",
+            other.map(|l| l.fence())
+        ),
+    }
+}
+
+/// Checkpoints are handed to the next holder, where supported.
+async fn checkpoints_reach_the_next_holder(store: &Store) {
+    let key = unique("checkpoint");
+    let a = store.client().await;
+    let lease = a.try_acquire(&key, store.opts()).await.expect("acquire");
+    match lease.save_checkpoint(b"resume at 7").await {
+        Err(Error::Unsupported { .. }) => return,
+        r => r.expect("save"),
+    }
+    lease.release().await.unwrap();
+    let next = a.try_acquire(&key, store.opts()).await.expect("acquire");
+    assert_eq!(next.checkpoint(), Some(&b"resume at 7"[..]));
+}
+
+/// The store goes away mid-hold: the holder is told before the TTL has passed
+/// on its own clock.
+async fn lost_fires_before_the_ttl_when_the_store_dies(
+    url: &str,
+    ttl: Duration,
+    kill: impl FnOnce(),
+) {
+    let client = Client::connect(url).await.expect("connect");
+    let started = Instant::now();
+    let lease = client
+        .try_acquire(&unique("vanish"), LockOptions::default().ttl(ttl))
+        .await
+        .expect("acquire");
+    kill();
+    tokio::time::timeout(ttl * 2, lease.lost())
+        .await
+        .expect("lost() fired");
+    let after = started.elapsed();
+    assert!(after < ttl, "told after {after:?}, past the {ttl:?} TTL");
+    assert!(lease.token().is_err());
+}
+
+macro_rules! conformance {
+    ($name:ident, $store:expr) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mutual_exclusion_under_contention() {
+                mutual_exclusion(&$store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn renewal_keeps_the_lock_past_several_ttls() {
+                renewal_keeps_it(&$store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn expiry_frees_the_lock_of_a_vanished_holder() {
+                let store = $store;
+                if store.shared {
+                    expiry_frees_the_lock(&store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tokens_increase_and_a_stale_release_changes_nothing() {
+                let store = $store;
+                if store.fenced {
+                    tokens_increase_and_stale_release_is_refused(&store).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn checkpoints_reach_the_next_holder() {
+                let store = $store;
+                if store.fenced {
+                    super::checkpoints_reach_the_next_holder(&store).await;
+                }
+            }
+        }
+    };
+}
+
+conformance!(leaseholdd, Store::leaseholdd());
+conformance!(redis, Store::redis());
+conformance!(redlock, Store::redlock());
+conformance!(postgres, Store::postgres());
+conformance!(etcd, Store::etcd());
+conformance!(memory, Store::memory());
+
+#[tokio::test]
+async fn lost_fires_when_redis_dies() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    lost_fires_before_the_ttl_when_the_store_dies(&url, Duration::from_millis(1_500), || {
+        redis.process.kill9()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn lost_fires_when_etcd_dies() {
+    let mut etcd = EtcdServer::start();
+    let url = etcd.url();
+    lost_fires_before_the_ttl_when_the_store_dies(&url, Duration::from_secs(2), || {
+        etcd.process.kill9()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn lost_fires_when_leaseholdd_dies() {
+    let mut server = Leaseholdd::start();
+    let url = server.url();
+    lost_fires_before_the_ttl_when_the_store_dies(&url, Duration::from_millis(1_500), || {
+        server.process.kill9()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redlock_survives_losing_a_minority_and_fails_without_a_majority() {
+    let mut nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let url = format!(
+        "redlock://{}",
+        nodes
+            .iter()
+            .map(|n| n.addr.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let client = Client::connect(&url).await.unwrap();
+    let opts = LockOptions::default().ttl(Duration::from_secs(2));
+    let lease = client
+        .try_acquire(&unique("redlock"), opts.clone())
+        .await
+        .expect("5 of 5");
+    assert_eq!(lease.fence(), None, "Redlock must not pretend to fence");
+    assert!(matches!(lease.token(), Err(Error::Unsupported { .. })));
+    lease.release().await.unwrap();
+
+    nodes[0].process.kill9();
+    nodes[1].process.kill9();
+    let lease = client
+        .try_acquire(&unique("redlock"), opts.clone())
+        .await
+        .expect("3 of 5 is a majority");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        lease.is_live(),
+        "renewal on a majority keeps it: {}",
+        lease.lost_reason()
+    );
+    lease.release().await.unwrap();
+
+    nodes[2].process.kill9();
+    match client.try_acquire(&unique("redlock"), opts).await {
+        Err(Error::Held { .. }) | Err(Error::Unavailable(_)) => {}
+        other => panic!("2 of 5 must not grant: {:?}", other.map(|l| l.fence())),
+    }
+}
+
+#[tokio::test]
+async fn correctness_is_refused_from_efficiency_backends() {
+    for url in [
+        "redis://127.0.0.1:6379".to_string(),
+        "redlock://127.0.0.1:6379".to_string(),
+    ] {
+        match Client::builder(&url)
+            .require(Guarantee::Correctness)
+            .connect()
+            .await
+        {
+            Err(Error::InsufficientGuarantee { backend, why }) => {
+                assert!(!why.is_empty());
+                assert!(url.starts_with(backend));
+            }
+            other => panic!("{url}: {:?}", other.map(|c| c.backend_name())),
+        }
+        assert_eq!(
+            Client::connect(&url).await.unwrap().guarantee(),
+            Guarantee::Efficiency
+        );
+    }
+    for url in ["postgres://root@127.0.0.1:5432/test", "memory://"] {
+        let c = Client::builder(url)
+            .require(Guarantee::Correctness)
+            .connect()
+            .await
+            .expect(url);
+        assert_eq!(c.guarantee(), Guarantee::Correctness);
+    }
+}
