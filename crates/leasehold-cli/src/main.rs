@@ -105,6 +105,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Demonstrations that start everything they need locally.
+    Demo {
+        #[command(subcommand)]
+        demo: Demo,
+    },
+    /// Worker A of `demo fencing` (internal).
+    #[command(hide = true)]
+    DemoWorker {
+        key: String,
+        account: String,
+        deposit: i64,
+    },
     /// Print lock events as they happen.
     Watch {
         /// Only keys with this prefix.
@@ -114,6 +126,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum Demo {
+    /// A paused holder's stale write: without a fence gate it corrupts the
+    /// result, with one it is refused.
+    Fencing,
 }
 
 fn main() {

@@ -257,3 +257,36 @@ fn an_unreachable_endpoint_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn the_fencing_demo_shows_the_stale_write_landing_only_without_a_gate() {
+    let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["demo", "fencing"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |label: &str| {
+        text.lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_default()
+            .to_string()
+    };
+    // Without the gate A's stale write lands (150); with it A is refused and B's write stands (130).
+    assert!(
+        line("final balance").contains("150") && line("final balance").trim_end().ends_with("130"),
+        "{text}"
+    );
+    assert!(
+        line("A ").contains("wrote 150") && line("A ").contains("refused: stale fence"),
+        "{text}"
+    );
+    assert!(
+        text.contains("CORRUPT") && text.trim_end().ends_with("correct"),
+        "{text}"
+    );
+}

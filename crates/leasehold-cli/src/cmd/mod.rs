@@ -1,5 +1,6 @@
 //! One file per group of subcommands.
 
+mod demo;
 mod hold;
 mod run;
 mod status;
@@ -7,7 +8,7 @@ mod status;
 use anyhow::Context;
 use leasehold::Client;
 
-use crate::{Cli, Command};
+use crate::{Cli, Command, Demo};
 
 /// Runs a subcommand; returns the process exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
@@ -74,6 +75,14 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => hold::acquire(&client().await?, &key, ttl, wait, json).await,
         Command::Release { key, fence } => hold::release(&client().await?, &key, fence).await,
         Command::Status { prefix, json } => status::status(&client().await?, &prefix, json).await,
+        Command::Demo {
+            demo: Demo::Fencing,
+        } => demo::fencing().await,
+        Command::DemoWorker {
+            key,
+            account,
+            deposit,
+        } => demo::worker(&client().await?, &key, &account, deposit).await,
         Command::Watch { prefix, json } => status::watch(&client().await?, &prefix, json).await,
     }
 }
