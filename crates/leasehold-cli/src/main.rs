@@ -105,6 +105,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Load-test the store: the same closed-loop workload on any backend.
+    Bench {
+        /// What to measure.
+        #[arg(long, value_enum, default_value = "cycle")]
+        workload: cmd::bench::Workload,
+        /// Concurrent clients, each with its own connection.
+        #[arg(long, default_value_t = 50)]
+        clients: usize,
+        /// How long to run (cycle, contended, renew).
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        duration: Duration,
+        /// Distinct keys (cycle), leases (renew) or locks to hold (hold).
+        #[arg(long, default_value_t = 100_000)]
+        keys: u64,
+        /// Lease TTL.
+        #[arg(long, default_value = "30s", value_parser = duration)]
+        ttl: Duration,
+        /// The server's pid, to report its CPU and memory.
+        #[arg(long)]
+        server_pid: Option<u32>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Demonstrations that start everything they need locally.
     Demo {
         #[command(subcommand)]

@@ -1,5 +1,6 @@
 //! One file per group of subcommands.
 
+pub mod bench;
 mod demo;
 mod hold;
 mod run;
@@ -75,6 +76,28 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => hold::acquire(&client().await?, &key, ttl, wait, json).await,
         Command::Release { key, fence } => hold::release(&client().await?, &key, fence).await,
         Command::Status { prefix, json } => status::status(&client().await?, &prefix, json).await,
+        Command::Bench {
+            workload,
+            clients,
+            duration,
+            keys,
+            ttl,
+            server_pid,
+            json,
+        } => {
+            let endpoint = cli.endpoint.clone();
+            bench::bench(bench::Args {
+                endpoint,
+                workload,
+                clients,
+                duration,
+                keys,
+                ttl,
+                server_pid,
+                json,
+            })
+            .await
+        }
         Command::Demo {
             demo: Demo::Fencing,
         } => demo::fencing().await,

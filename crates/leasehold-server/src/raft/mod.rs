@@ -20,19 +20,36 @@ use leasehold_core::{Command, LockTable, Outcome, Stamp, Time};
 use openraft::error::{ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::hub::Hub;
 use log_store::LogStore;
 use state_machine::{Shared, StateMachine};
 
-/// One entry of the replicated log: a command and the leader's stamp on it.
+/// One entry of the replicated log: a batch of commands and the leader's stamp
+/// on it.
+///
+/// openraft 0.9 appends each client write separately and waits for its flush
+/// before the next, so one write per entry would cost one fsync per command.
+/// Instead concurrent proposals are gathered into one entry (group commit at
+/// the proposal level): while one batch is being made durable, the next fills.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Request {
-    /// The leader's clock and term when it proposed the command.
+    /// The leader's clock and term when it proposed the batch.
     pub stamp: Stamp,
-    /// The change to the lock table.
-    pub command: Command,
+    /// The changes to the lock table, applied in order.
+    pub commands: Vec<Command>,
 }
+
+/// At most this many commands in one log entry.
+const MAX_BATCH: usize = 1024;
+/// At most this many batches handed to openraft at once. openraft 0.9 writes
+/// and fsyncs one entry at a time, so a second batch in flight does not
+/// overlap anything; it only splits the next batch in two (measured: 1 in
+/// flight gave 8.3k cycles/s at 50 clients, 2 gave 7.6k, 4 gave 6.0k).
+const MAX_IN_FLIGHT: usize = 1;
+
+type Proposal = (Command, oneshot::Sender<Result<Outcome, ConsensusError>>);
 
 pub(crate) type NodeId = u64;
 pub(crate) type Node = BasicNode;
@@ -41,7 +58,7 @@ openraft::declare_raft_types!(
     /// Leasehold's openraft configuration.
     pub TypeConfig:
         D = Request,
-        R = Outcome,
+        R = Vec<Outcome>,
         Node = BasicNode,
 );
 
@@ -100,6 +117,7 @@ pub struct Consensus {
     raft: Raft<TypeConfig>,
     shared: Arc<Shared>,
     clock: Arc<Mutex<Option<LeaderClock>>>,
+    proposals: mpsc::Sender<Proposal>,
 }
 
 /// Tuning for the Raft node.
@@ -158,12 +176,15 @@ impl Consensus {
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
             Err(e) => return Err(e).context("initialize raft group"),
         }
+        let (proposals, queue) = mpsc::channel(64 * MAX_BATCH);
         let consensus = Consensus {
             raft,
             shared,
             clock: Arc::new(Mutex::new(None)),
+            proposals,
         };
         tokio::spawn(consensus.clone().follow_leadership(node_id));
+        tokio::spawn(consensus.clone().batch_proposals(queue));
         Ok(consensus)
     }
 
@@ -253,17 +274,59 @@ impl Consensus {
     /// Stamps `command` with the leader's clock, replicates it durably and
     /// applies it. Answers once the entry is on disk and applied.
     pub async fn propose(&self, command: Command) -> Result<Outcome, ConsensusError> {
-        let Some(clock) = self.clock() else {
+        if self.clock().is_none() {
             return Err(self.not_leader());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.proposals
+            .send((command, tx))
+            .await
+            .map_err(|_| ConsensusError::Stopped("the proposer stopped".into()))?;
+        rx.await
+            .map_err(|_| ConsensusError::Stopped("the proposer dropped a proposal".into()))?
+    }
+
+    /// Gathers proposals into batches, one log entry each.
+    async fn batch_proposals(self, mut queue: mpsc::Receiver<Proposal>) {
+        let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        while let Some(first) = queue.recv().await {
+            // Waiting for a slot is what lets the next batch grow.
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let mut batch = Vec::with_capacity(MAX_BATCH.min(queue.len() + 1));
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.write_batch(batch).await;
+                drop(permit);
+            });
+        }
+    }
+
+    async fn write_batch(&self, batch: Vec<Proposal>) {
+        let Some(clock) = self.clock() else {
+            let e = self.not_leader();
+            for (_, tx) in batch {
+                let _ = tx.send(Err(e.clone()));
+            }
+            return;
         };
+        let (commands, answers): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
         let request = Request {
             stamp: Stamp {
                 now: clock.now(),
                 epoch: clock.epoch,
             },
-            command,
+            commands,
         };
-        match self.raft.client_write(request).await {
+        let result = match self.raft.client_write(request).await {
             Ok(response) => Ok(response.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                 Err(ConsensusError::NotLeader {
@@ -271,6 +334,18 @@ impl Consensus {
                 })
             }
             Err(e) => Err(ConsensusError::Stopped(e.to_string())),
+        };
+        match result {
+            Ok(outcomes) => {
+                for (tx, outcome) in answers.into_iter().zip(outcomes) {
+                    let _ = tx.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                for tx in answers {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
         }
     }
 

@@ -5,7 +5,7 @@ use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use leasehold_core::{LockTable, Outcome, Response};
+use leasehold_core::{LockTable, Outcome};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageError,
@@ -139,7 +139,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((applied.last_applied, applied.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Outcome>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -150,19 +150,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let mut applied = self.shared.lock();
             for entry in entries {
                 applied.last_applied = Some(entry.log_id);
-                let outcome = match entry.payload {
-                    EntryPayload::Blank => Ok(Response::Ticked),
+                let answers = match entry.payload {
+                    EntryPayload::Blank => Vec::new(),
                     EntryPayload::Normal(request) => {
-                        applied
-                            .table
-                            .apply(request.stamp, request.command, &mut events)
+                        let stamp = request.stamp;
+                        let table = &mut applied.table;
+                        request
+                            .commands
+                            .into_iter()
+                            .map(|c| table.apply(stamp, c, &mut events))
+                            .collect()
                     }
                     EntryPayload::Membership(m) => {
                         applied.membership = StoredMembership::new(Some(entry.log_id), m);
-                        Ok(Response::Ticked)
+                        Vec::new()
                     }
                 };
-                outcomes.push(outcome);
+                outcomes.push(answers);
             }
         }
         self.shared.hub.publish(&events);

@@ -1,0 +1,474 @@
+//! `leasehold bench`: the same closed-loop workload against any backend.
+//!
+//! Workloads:
+//! - `cycle`: each client acquires a random key and releases it, in a loop.
+//!   One cycle is the latency measured. The headline.
+//! - `contended`: every client wants one key; measures hand-over: from the
+//!   moment a holder sends its release to the moment the next waiter is granted.
+//! - `renew`: leaseholdd only: keepalives in a closed loop on many leases;
+//!   renewals/s, and server CPU per renewal with `--server-pid`.
+//! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
+//!   reports the server's memory with `--server-pid`.
+//!
+//! Every client has its own connection (its own `Client`), as separate
+//! processes would.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use leasehold::{Client, Error, LockOptions};
+use leasehold_proto::v1 as pb;
+use serde_json::json;
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Workload {
+    Cycle,
+    Contended,
+    Renew,
+    Hold,
+}
+
+pub struct Args {
+    pub endpoint: String,
+    pub workload: Workload,
+    pub clients: usize,
+    pub duration: Duration,
+    pub keys: u64,
+    pub ttl: Duration,
+    pub server_pid: Option<u32>,
+    pub json: bool,
+}
+
+/// What every client task records.
+struct Shared {
+    histogram: Mutex<Histogram<u64>>,
+    errors: Mutex<BTreeMap<String, u64>>,
+    ops: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn new() -> anyhow::Result<Arc<Shared>> {
+        Ok(Arc::new(Shared {
+            histogram: Mutex::new(
+                Histogram::new_with_bounds(1, 60_000_000, 3).context("histogram")?,
+            ),
+            errors: Mutex::new(BTreeMap::new()),
+            ops: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        }))
+    }
+
+    fn record(&self, local: &mut Histogram<u64>) {
+        if let Ok(mut h) = self.histogram.lock() {
+            let _ = h.add(&*local);
+        }
+        local.reset();
+    }
+
+    fn error(&self, e: &Error) {
+        let kind = match e {
+            Error::Held { .. } => "held",
+            Error::Timeout { .. } => "timeout",
+            Error::LeaseLost { .. } => "lease_lost",
+            Error::StaleFence { .. } => "stale_fence",
+            Error::InvalidArgument(_) => "invalid_argument",
+            Error::Unavailable(_) => "unavailable",
+            _ => "other",
+        };
+        if let Ok(mut m) = self.errors.lock() {
+            *m.entry(kind.to_string()).or_default() += 1;
+        }
+    }
+}
+
+fn progress(duration: Duration, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(duration.as_millis() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {elapsed_precise} [{bar:30}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// Runs the clock for `duration`, updating the bar with ops/s.
+async fn run_for(duration: Duration, shared: &Shared, bar: &ProgressBar) {
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let ops = shared.ops.load(Ordering::Relaxed);
+        bar.set_position(start.elapsed().as_millis() as u64);
+        bar.set_message(format!(
+            "{:.0} ops/s",
+            ops as f64 / start.elapsed().as_secs_f64()
+        ));
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+}
+
+async fn connect(endpoint: &str, clients: usize) -> anyhow::Result<Vec<Client>> {
+    let mut out = Vec::with_capacity(clients);
+    for i in 0..clients {
+        // One connection per client; PostgreSQL clients open one each too.
+        let url = if endpoint.starts_with("postgres") && !endpoint.contains("pool=") {
+            format!(
+                "{endpoint}{}pool=1",
+                if endpoint.contains('?') { '&' } else { '?' }
+            )
+        } else {
+            endpoint.to_string()
+        };
+        out.push(
+            Client::builder(&url)
+                .holder(format!("bench-{i}"))
+                .connect()
+                .await
+                .with_context(|| format!("connect client {i}"))?,
+        );
+    }
+    Ok(out)
+}
+
+pub async fn bench(a: Args) -> anyhow::Result<i32> {
+    let shared = Shared::new()?;
+    let bar = progress(a.duration, a.json);
+    let cpu_before = a.server_pid.and_then(cpu_seconds);
+    let started = Instant::now();
+    let mut extra = serde_json::Map::new();
+    match a.workload {
+        Workload::Cycle => cycle(&a, &shared, &bar).await?,
+        Workload::Contended => contended(&a, &shared, &bar).await?,
+        Workload::Renew => renew(&a, &shared, &bar).await?,
+        Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
+    }
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+    if let (Some(pid), Some(before)) = (a.server_pid, cpu_before) {
+        if let Some(after) = cpu_seconds(pid) {
+            let ops = shared.ops.load(Ordering::Relaxed).max(1);
+            extra.insert("server_cpu_seconds".into(), json!(after - before));
+            extra.insert(
+                "server_cpu_us_per_op".into(),
+                json!((after - before) * 1e6 / ops as f64),
+            );
+        }
+        if let Some(rss) = rss_bytes(pid) {
+            extra.insert("server_rss_bytes".into(), json!(rss));
+        }
+    }
+    report(&a, &shared, elapsed, extra);
+    Ok(0)
+}
+
+async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
+    let clients = connect(&a.endpoint, a.clients).await?;
+    let mut tasks = Vec::new();
+    for client in clients {
+        let (shared, keys, ttl) = (shared.clone(), a.keys.max(1), a.ttl);
+        tasks.push(tokio::spawn(async move {
+            let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+            let opts = LockOptions::default().ttl(ttl);
+            while !shared.stop.load(Ordering::Relaxed) {
+                let key = format!("bench/{}", rand::random::<u64>() % keys);
+                let t = Instant::now();
+                match client.try_acquire(&key, opts.clone()).await {
+                    Ok(lease) => match lease.release().await {
+                        Ok(()) => {
+                            let _ = local.record(t.elapsed().as_micros() as u64);
+                            shared.ops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => shared.error(&e),
+                    },
+                    Err(e) => shared.error(&e),
+                }
+                if local.len() >= 1024 {
+                    shared.record(&mut local);
+                }
+            }
+            shared.record(&mut local);
+            client.close().await;
+        }));
+    }
+    run_for(a.duration, shared, bar).await;
+    for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
+
+async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
+    let clients = connect(&a.endpoint, a.clients).await?;
+    // When the last holder began its release, in µs since `origin`.
+    let origin = Instant::now();
+    let released_at = Arc::new(AtomicU64::new(u64::MAX));
+    let key = format!("bench/contended/{:x}", rand::random::<u32>());
+    let mut tasks = Vec::new();
+    for client in clients {
+        let (shared, released_at, key, ttl) =
+            (shared.clone(), released_at.clone(), key.clone(), a.ttl);
+        tasks.push(tokio::spawn(async move {
+            let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+            let opts = LockOptions::default()
+                .ttl(ttl)
+                .wait(Duration::from_secs(30));
+            while !shared.stop.load(Ordering::Relaxed) {
+                match client.acquire(&key, opts.clone()).await {
+                    Ok(lease) => {
+                        let granted = origin.elapsed().as_micros() as u64;
+                        let from = released_at.swap(u64::MAX, Ordering::SeqCst);
+                        if from != u64::MAX && granted >= from {
+                            let _ = local.record((granted - from).max(1));
+                            shared.ops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        released_at.store(origin.elapsed().as_micros() as u64, Ordering::SeqCst);
+                        if let Err(e) = lease.release().await {
+                            shared.error(&e);
+                        }
+                    }
+                    Err(e) => shared.error(&e),
+                }
+            }
+            shared.record(&mut local);
+            client.close().await;
+        }));
+    }
+    run_for(a.duration, shared, bar).await;
+    for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
+
+async fn grpc(
+    endpoint: &str,
+) -> anyhow::Result<pb::leasehold_client::LeaseholdClient<tonic::transport::Channel>> {
+    if !endpoint.starts_with("http") {
+        bail!("this workload needs leaseholdd (an http:// endpoint)");
+    }
+    pb::leasehold_client::LeaseholdClient::connect(endpoint.to_string())
+        .await
+        .context("connect")
+}
+
+async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
+    let per_client = (a.keys as usize / a.clients.max(1)).max(1);
+    let mut tasks = Vec::new();
+    for i in 0..a.clients {
+        let mut c = grpc(&a.endpoint).await?;
+        let mut leases = Vec::with_capacity(per_client);
+        for _ in 0..per_client {
+            let ttl_ms = a.ttl.as_millis() as u64;
+            leases.push(
+                c.grant(pb::GrantRequest {
+                    ttl_ms,
+                    holder: format!("bench-{i}"),
+                })
+                .await?
+                .into_inner()
+                .lease_id,
+            );
+        }
+        let shared = shared.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+            for lease in leases.iter().cycle() {
+                if shared.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let t = Instant::now();
+                match c
+                    .keep_alive(pb::KeepAliveRequest { lease_id: *lease })
+                    .await
+                {
+                    Ok(_) => {
+                        let _ = local.record(t.elapsed().as_micros() as u64);
+                        shared.ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(s) => shared.error(&Error::Other(s.message().to_string())),
+                }
+            }
+            shared.record(&mut local);
+        }));
+    }
+    run_for(a.duration, shared, bar).await;
+    for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
+
+async fn hold(
+    a: &Args,
+    shared: &Arc<Shared>,
+    bar: &ProgressBar,
+    extra: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<()> {
+    let mut c = grpc(&a.endpoint).await?;
+    let ttl_ms = a.ttl.as_millis() as u64;
+    let lease = c
+        .grant(pb::GrantRequest {
+            ttl_ms,
+            holder: "bench-hold".into(),
+        })
+        .await?
+        .into_inner()
+        .lease_id;
+    let rss_before = a.server_pid.and_then(rss_bytes);
+    let next = Arc::new(AtomicU64::new(0));
+    let prefix = format!("bench/hold/{:x}", rand::random::<u32>());
+    bar.set_length(a.keys);
+    let mut tasks = Vec::new();
+    for _ in 0..a.clients {
+        let mut c = grpc(&a.endpoint).await?;
+        let (shared, next, prefix, total) = (shared.clone(), next.clone(), prefix.clone(), a.keys);
+        tasks.push(tokio::spawn(async move {
+            let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let t = Instant::now();
+                let req = pb::AcquireRequest {
+                    lease_id: lease,
+                    key: format!("{prefix}/{i}"),
+                    ..Default::default()
+                };
+                match c.acquire(req).await {
+                    Ok(_) => {
+                        let _ = local.record(t.elapsed().as_micros() as u64);
+                        shared.ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(s) => shared.error(&Error::Other(s.message().to_string())),
+                }
+            }
+            shared.record(&mut local);
+        }));
+    }
+    // Keep the one lease alive while growing.
+    let keepalive = {
+        let mut c = c.clone();
+        let period = a.ttl / 3;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let _ = c.keep_alive(pb::KeepAliveRequest { lease_id: lease }).await;
+            }
+        })
+    };
+    let start = Instant::now();
+    while next.load(Ordering::Relaxed) < a.keys {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        bar.set_position(shared.ops.load(Ordering::Relaxed));
+        bar.set_message(format!(
+            "{:.0} locks/s",
+            shared.ops.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+        ));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    if let (Some(pid), Some(before)) = (a.server_pid, rss_before) {
+        if let Some(after) = rss_bytes(pid) {
+            let held = shared.ops.load(Ordering::Relaxed).max(1);
+            extra.insert("server_rss_before_bytes".into(), json!(before));
+            extra.insert(
+                "bytes_per_held_lock".into(),
+                json!((after.saturating_sub(before)) as f64 / held as f64),
+            );
+        }
+    }
+    extra.insert("lease".into(), json!(lease));
+    keepalive.abort();
+    Ok(())
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz)
+}
+
+/// Resident memory of a process, in bytes.
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn report(
+    a: &Args,
+    shared: &Shared,
+    elapsed: Duration,
+    extra: serde_json::Map<String, serde_json::Value>,
+) {
+    let h = shared
+        .histogram
+        .lock()
+        .map(|h| h.clone())
+        .unwrap_or_else(|e| e.into_inner().clone());
+    let ops = shared.ops.load(Ordering::Relaxed);
+    let errors = shared.errors.lock().map(|e| e.clone()).unwrap_or_default();
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let rate = ops as f64 / elapsed.as_secs_f64();
+    let mut out = json!({
+        "backend": a.endpoint.split("://").next().unwrap_or(""),
+        "endpoint": a.endpoint,
+        "workload": format!("{:?}", a.workload).to_lowercase(),
+        "clients": a.clients,
+        "seconds": elapsed.as_secs_f64(),
+        "ops": ops,
+        "ops_per_sec": rate,
+        "latency_ms": { "p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "p999": ms(0.999), "max": h.max() as f64 / 1000.0 },
+        "errors": errors,
+    });
+    if let Some(o) = out.as_object_mut() {
+        o.extend(extra);
+    }
+    if a.json {
+        println!("{out}");
+        return;
+    }
+    println!(
+        "{} {:?}, {} clients, {:.1}s",
+        a.endpoint,
+        a.workload,
+        a.clients,
+        elapsed.as_secs_f64()
+    );
+    println!("  {ops} ops, {rate:.0} ops/s");
+    println!(
+        "  latency ms: p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
+        ms(0.5),
+        ms(0.9),
+        ms(0.99),
+        ms(0.999),
+        h.max() as f64 / 1000.0
+    );
+    if !errors.is_empty() {
+        println!("  errors: {errors:?}");
+    }
+    for (k, v) in out.as_object().into_iter().flatten() {
+        if k.starts_with("server_") || k == "bytes_per_held_lock" {
+            println!("  {k}: {v}");
+        }
+    }
+}
