@@ -24,6 +24,7 @@ pub type Outcome = Result<Response, LockError>;
 /// give the same state, responses and events. Every field is part of the
 /// snapshot, so a restored table continues exactly where the original stood.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Restored")]
 pub struct LockTable {
     /// Table time: the highest stamp applied. Never goes back.
     now: Time,
@@ -53,27 +54,107 @@ struct Lease {
     holder: Arc<str>,
     ttl_ms: u64,
     deadline: Time,
-    /// Keys this lease holds.
+    /// Keys this lease holds. An index over `locks`, sharing its keys; not
+    /// in the snapshot (serde would not share the `Arc`s), rebuilt on load.
+    #[serde(skip)]
     held: BTreeSet<Arc<str>>,
-    /// Keys this lease is queued for.
+    /// Keys this lease is queued for. Rebuilt on load like `held`.
+    #[serde(skip)]
     waiting: BTreeSet<Arc<str>>,
 }
 
+/// A table as read from a snapshot, before its indexes are rebuilt.
+#[derive(Deserialize)]
+struct Restored {
+    now: Time,
+    epoch: u64,
+    next_lease: LeaseId,
+    next_fence: Fence,
+    leases: BTreeMap<LeaseId, Lease>,
+    locks: BTreeMap<Arc<str>, Lock>,
+    lease_deadlines: BTreeSet<(Time, LeaseId)>,
+    wait_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
+    delay_deadlines: BTreeSet<(Time, Arc<str>)>,
+    answered: BTreeMap<RequestId, (Time, Response)>,
+    answered_order: VecDeque<(Time, RequestId)>,
+}
+
+impl From<Restored> for LockTable {
+    fn from(r: Restored) -> Self {
+        let mut leases = r.leases;
+        for (key, lock) in &r.locks {
+            if let Some(lease) = lock.holder.as_ref().and_then(|h| leases.get_mut(&h.lease)) {
+                lease.held.insert(key.clone());
+            }
+            for w in lock.waiters() {
+                if let Some(lease) = leases.get_mut(&w.lease) {
+                    lease.waiting.insert(key.clone());
+                }
+            }
+        }
+        LockTable {
+            now: r.now,
+            epoch: r.epoch,
+            next_lease: r.next_lease,
+            next_fence: r.next_fence,
+            leases,
+            locks: r.locks,
+            lease_deadlines: r.lease_deadlines,
+            wait_deadlines: r.wait_deadlines,
+            delay_deadlines: r.delay_deadlines,
+            answered: r.answered,
+            answered_order: r.answered_order,
+        }
+    }
+}
+
+/// One key's state. Most locks are just held, so what only some have (a
+/// queue, a checkpoint, a lock-delay) lives behind one pointer: a held lock
+/// costs a few dozen bytes, which matters at a million locks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 struct Lock {
     holder: Option<Holding>,
+    extra: Option<Box<LockExtra>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+struct LockExtra {
     waiters: VecDeque<Waiter>,
     checkpoint: Option<Checkpoint>,
     /// Set after an expiry with a lock-delay: nobody may take the key before then.
     delayed_until: Option<Time>,
 }
 
+static NO_WAITERS: VecDeque<Waiter> = VecDeque::new();
+
 impl Lock {
     fn is_empty(&self) -> bool {
-        self.holder.is_none()
-            && self.waiters.is_empty()
-            && self.checkpoint.is_none()
-            && self.delayed_until.is_none()
+        self.holder.is_none() && self.extra.is_none()
+    }
+
+    fn waiters(&self) -> &VecDeque<Waiter> {
+        self.extra.as_ref().map_or(&NO_WAITERS, |e| &e.waiters)
+    }
+
+    fn checkpoint(&self) -> Option<&Checkpoint> {
+        self.extra.as_ref().and_then(|e| e.checkpoint.as_ref())
+    }
+
+    fn delayed_until(&self) -> Option<Time> {
+        self.extra.as_ref().and_then(|e| e.delayed_until)
+    }
+
+    fn extra_mut(&mut self) -> &mut LockExtra {
+        self.extra.get_or_insert_with(Default::default)
+    }
+
+    /// Drops the extra part once it holds nothing.
+    fn shrink(&mut self) {
+        if self.extra.as_ref().is_some_and(|e| {
+            e.waiters.is_empty() && e.checkpoint.is_none() && e.delayed_until.is_none()
+        }) {
+            self.extra = None;
+        }
     }
 }
 
@@ -289,7 +370,8 @@ impl LockTable {
             }
             self.delay_deadlines.pop_first();
             if let Some(lock) = self.locks.get_mut(&key) {
-                lock.delayed_until = None;
+                lock.extra_mut().delayed_until = None;
+                lock.shrink();
             }
             self.advance_queue(&key, events);
         }
@@ -383,7 +465,7 @@ impl LockTable {
             if expired {
                 if holding.lock_delay_ms > 0 {
                     let until = self.now.saturating_add(holding.lock_delay_ms);
-                    lock.delayed_until = Some(until);
+                    lock.extra_mut().delayed_until = Some(until);
                     self.delay_deadlines.insert((until, key.clone()));
                 }
                 events.push(Event::Expired {
@@ -430,14 +512,14 @@ impl LockTable {
             let lock = self.locks.get(key);
             let holding = lock.and_then(|l| l.holder.as_ref());
             let fence = holding.map_or(0, |h| h.fence);
-            let checkpoint = lock.and_then(|l| l.checkpoint.clone());
+            let checkpoint = lock.and_then(|l| l.checkpoint().cloned());
             return Ok(Response::Acquired(Grant { fence, checkpoint }));
         }
         if lease.waiting.contains(key) {
             let position = self
                 .locks
                 .get(key)
-                .and_then(|l| l.waiters.iter().position(|w| w.lease == lease_id))
+                .and_then(|l| l.waiters().iter().position(|w| w.lease == lease_id))
                 .unwrap_or(0);
             return Ok(Response::Queued { position });
         }
@@ -446,19 +528,19 @@ impl LockTable {
             None => {}
             Some(lock)
                 if lock.holder.is_none()
-                    && lock.delayed_until.is_none()
-                    && lock.waiters.is_empty() => {}
+                    && lock.delayed_until().is_none()
+                    && lock.waiters().is_empty() => {}
             Some(lock) => {
                 if wait_ms == 0 {
                     return Err(self.busy_error(key, lock));
                 }
                 let deadline = now.saturating_add(wait_ms);
                 let (key, position) = match self.locks.get_key_value(key) {
-                    Some((k, l)) => (k.clone(), l.waiters.len()),
+                    Some((k, l)) => (k.clone(), l.waiters().len()),
                     None => return Err(LockError::invalid("key", "vanished")),
                 };
                 if let Some(lock) = self.locks.get_mut(&key) {
-                    lock.waiters.push_back(Waiter {
+                    lock.extra_mut().waiters.push_back(Waiter {
                         lease: lease_id,
                         deadline,
                         lock_delay_ms,
@@ -494,7 +576,9 @@ impl LockTable {
             },
             None => LockError::LockDelayed {
                 key: key.to_string(),
-                left_ms: lock.delayed_until.map_or(0, |t| t.saturating_sub(self.now)),
+                left_ms: lock
+                    .delayed_until()
+                    .map_or(0, |t| t.saturating_sub(self.now)),
             },
         }
     }
@@ -517,7 +601,7 @@ impl LockTable {
             lock_delay_ms,
             from_wait,
         });
-        let checkpoint = lock.checkpoint.clone();
+        let checkpoint = lock.checkpoint().cloned();
         let holder = match self.leases.get_mut(&lease_id) {
             Some(lease) => {
                 lease.held.insert(key.clone());
@@ -540,12 +624,14 @@ impl LockTable {
         let Some(lock) = self.locks.get_mut(key) else {
             return;
         };
-        if lock.holder.is_some() || lock.delayed_until.is_some() {
+        if lock.holder.is_some() || lock.delayed_until().is_some() {
             return;
         }
         // Every queued waiter is live: waits leave the queue when they time out
         // or their lease ends.
-        if let Some(waiter) = lock.waiters.pop_front() {
+        let next = lock.extra.as_mut().and_then(|e| e.waiters.pop_front());
+        lock.shrink();
+        if let Some(waiter) = next {
             self.wait_deadlines
                 .remove(&(waiter.deadline, key.clone(), waiter.lease));
             if let Some(lease) = self.leases.get_mut(&waiter.lease) {
@@ -567,8 +653,9 @@ impl LockTable {
     /// Takes a lease's wait out of a key's queue; returns its request id.
     fn remove_waiter(&mut self, key: &Arc<str>, lease_id: LeaseId) -> Option<RequestId> {
         let lock = self.locks.get_mut(key)?;
-        let at = lock.waiters.iter().position(|w| w.lease == lease_id)?;
-        let waiter = lock.waiters.remove(at)?;
+        let at = lock.waiters().iter().position(|w| w.lease == lease_id)?;
+        let waiter = lock.extra_mut().waiters.remove(at)?;
+        lock.shrink();
         self.wait_deadlines
             .remove(&(waiter.deadline, key.clone(), lease_id));
         if let Some(lease) = self.leases.get_mut(&lease_id) {
@@ -664,10 +751,11 @@ impl LockTable {
         let (key, _) = self.held_by(key, fence)?;
         let key = key.clone();
         if let Some(lock) = self.locks.get_mut(&key) {
-            lock.checkpoint = (!data.is_empty()).then(|| Checkpoint {
+            lock.extra_mut().checkpoint = (!data.is_empty()).then(|| Checkpoint {
                 data: data.into(),
                 fence,
             });
+            lock.shrink();
         }
         Ok(Response::CheckpointSaved)
     }
@@ -764,7 +852,7 @@ impl LockTable {
                     .map_or(0, |l| l.deadline.saturating_sub(now)),
             }),
             waiters: lock
-                .waiters
+                .waiters()
                 .iter()
                 .map(|w| WaiterView {
                     lease: w.lease,
@@ -772,8 +860,8 @@ impl LockTable {
                     wait_left_ms: w.deadline.saturating_sub(now),
                 })
                 .collect(),
-            has_checkpoint: lock.checkpoint.is_some(),
-            delay_left_ms: lock.delayed_until.map_or(0, |t| t.saturating_sub(now)),
+            has_checkpoint: lock.checkpoint().is_some(),
+            delay_left_ms: lock.delayed_until().map_or(0, |t| t.saturating_sub(now)),
         }
     }
 
@@ -797,10 +885,17 @@ impl LockTable {
                         h.fence, self.next_fence
                     ));
                 }
-            } else if !lock.waiters.is_empty() && lock.delayed_until.is_none() {
+            } else if !lock.waiters().is_empty() && lock.delayed_until().is_none() {
                 return Err(format!("{key:?} is free with a queue"));
             }
-            for w in &lock.waiters {
+            if lock.extra.is_some()
+                && lock.waiters().is_empty()
+                && lock.checkpoint().is_none()
+                && lock.delayed_until().is_none()
+            {
+                return Err(format!("{key:?} keeps an empty extra part"));
+            }
+            for w in lock.waiters() {
                 let lease = self
                     .leases
                     .get(&w.lease)
@@ -843,7 +938,7 @@ impl LockTable {
         if self.lease_deadlines.len() != self.leases.len() {
             return Err("stray lease deadlines".into());
         }
-        let waits: usize = self.locks.values().map(|l| l.waiters.len()).sum();
+        let waits: usize = self.locks.values().map(|l| l.waiters().len()).sum();
         if self.wait_deadlines.len() != waits {
             return Err("stray wait deadlines".into());
         }

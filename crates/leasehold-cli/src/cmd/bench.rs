@@ -50,6 +50,8 @@ struct Shared {
     errors: Mutex<BTreeMap<String, u64>>,
     ops: AtomicU64,
     stop: AtomicBool,
+    /// When the measured phase began (after setup such as granting leases).
+    measuring_since: Mutex<Option<Instant>>,
 }
 
 impl Shared {
@@ -61,6 +63,7 @@ impl Shared {
             errors: Mutex::new(BTreeMap::new()),
             ops: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            measuring_since: Mutex::new(None),
         }))
     }
 
@@ -102,6 +105,9 @@ fn progress(duration: Duration, quiet: bool) -> ProgressBar {
 /// Runs the clock for `duration`, updating the bar with ops/s.
 async fn run_for(duration: Duration, shared: &Shared, bar: &ProgressBar) {
     let start = Instant::now();
+    if let Ok(mut since) = shared.measuring_since.lock() {
+        *since = Some(start);
+    }
     while start.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let ops = shared.ops.load(Ordering::Relaxed);
@@ -149,7 +155,13 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         Workload::Renew => renew(&a, &shared, &bar).await?,
         Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
     }
-    let elapsed = started.elapsed();
+    let measured_from = shared
+        .measuring_since
+        .lock()
+        .ok()
+        .and_then(|s| *s)
+        .unwrap_or(started);
+    let elapsed = measured_from.elapsed();
     bar.finish_and_clear();
     if let (Some(pid), Some(before)) = (a.server_pid, cpu_before) {
         if let Some(after) = cpu_seconds(pid) {

@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{NodeId, TypeConfig};
 
-/// A new segment is started once the current one passes this size.
-const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// A new segment is started once the current one passes this size. Small
+/// enough that a purge after a snapshot frees most of the log promptly.
+const SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 
 /// How a record is read back. Written through [`RecordRef`], which has the
 /// same variants in the same order and so the same encoding.
@@ -137,6 +138,15 @@ impl LogStore {
                 }
             }
             segments.push((number, highest));
+        }
+
+        // Segments wholly covered by the purge point (a snapshot) are dead
+        // weight for the next start: delete them now, never the last one.
+        if let Some(purged) = state.last_purged {
+            while segments.len() > 1 && segments[0].1 <= purged.index {
+                let (number, _) = segments.remove(0);
+                fs::remove_file(segment_path(&log_dir, number))?;
+            }
         }
 
         let (number, file) = match segments.last() {
@@ -366,7 +376,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
         let bytes =
             serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(any(io_err(e))))?;
-        write_atomically(&self.vote_path, &bytes)
+        write_atomically(&self.vote_path, &[&bytes])
             .map_err(|e| StorageIOError::write_vote(any(e)).into())
     }
 
@@ -440,12 +450,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
-/// Writes a small file so that a crash leaves either the old or the new content.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// Writes a file so that a crash leaves either the old or the new content.
+pub(crate) fn write_atomically(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
+        for part in parts {
+            file.write_all(part)?;
+        }
         file.sync_all()?;
     }
     fs::rename(&tmp, path)?;

@@ -123,7 +123,7 @@ pub struct Consensus {
 /// Tuning for the Raft node.
 #[derive(Debug, Clone)]
 pub struct RaftOptions {
-    /// Take a snapshot after this many log entries since the last one.
+    /// Take a snapshot after this many applied commands since the last one.
     pub snapshot_every: u64,
 }
 
@@ -148,7 +148,7 @@ impl Consensus {
             .with_context(|| format!("create data dir {}", dir.display()))?;
         let log =
             LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
-        let sm = StateMachine::open(dir, hub)
+        let sm = StateMachine::open(dir, hub, options.snapshot_every)
             .with_context(|| format!("open snapshot in {}", dir.display()))?;
         let shared = sm.shared.clone();
         let config = Config {
@@ -156,8 +156,10 @@ impl Consensus {
             heartbeat_interval: 50,
             election_timeout_min: 150,
             election_timeout_max: 300,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every),
-            max_in_snapshot_log_to_keep: 1_000,
+            // Snapshots are triggered by applied commands (see `snapshot_when_due`).
+            snapshot_policy: SnapshotPolicy::Never,
+            // Entries are batches of up to MAX_BATCH commands: keep few after a snapshot.
+            max_in_snapshot_log_to_keep: 8,
             ..Default::default()
         };
         let config = Arc::new(config.validate().context("validate raft config")?);
@@ -185,7 +187,19 @@ impl Consensus {
         };
         tokio::spawn(consensus.clone().follow_leadership(node_id));
         tokio::spawn(consensus.clone().batch_proposals(queue));
+        tokio::spawn(consensus.clone().snapshot_when_due());
         Ok(consensus)
+    }
+
+    /// Takes a snapshot (and so lets the log be purged) every
+    /// `snapshot_every` applied commands.
+    async fn snapshot_when_due(self) {
+        loop {
+            self.shared.snapshot_due.notified().await;
+            if self.raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Keeps the leader clock in step with this node's role: set it (from the
@@ -432,7 +446,7 @@ mod storage_tests {
         ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<NodeId>> {
             let dir = tempfile::tempdir().expect("tempdir");
             let log = LogStore::open(dir.path()).expect("open log");
-            let sm = StateMachine::open(dir.path(), Arc::new(Hub::default()))
+            let sm = StateMachine::open(dir.path(), Arc::new(Hub::default()), 1_000)
                 .expect("open state machine");
             Ok((dir, log, sm))
         }

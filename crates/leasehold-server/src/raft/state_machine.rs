@@ -3,6 +3,7 @@
 use std::fs;
 use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use leasehold_core::{LockTable, Outcome};
@@ -12,6 +13,7 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
 use super::log_store::write_atomically;
 use super::{Node, NodeId, TypeConfig};
@@ -30,6 +32,14 @@ pub(crate) struct Shared {
     applied: Mutex<Applied>,
     pub hub: Arc<Hub>,
     snapshot_path: PathBuf,
+    /// Commands applied since the last snapshot. Snapshots are triggered by
+    /// commands, not log entries: one entry carries a whole batch, and the log
+    /// kept in memory grows with the commands in it.
+    since_snapshot: AtomicU64,
+    snapshot_every: u64,
+    snapshot_requested: AtomicBool,
+    /// Signalled when `snapshot_every` commands have been applied.
+    pub snapshot_due: Notify,
 }
 
 impl Shared {
@@ -39,10 +49,58 @@ impl Shared {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct SnapshotFile {
-    meta: SnapshotMeta<NodeId, Node>,
-    data: Vec<u8>,
+/// A snapshot on disk: `[meta length: u32][meta][table]`, bincode. Written in
+/// parts so the table's bytes are never copied into a second buffer.
+fn write_snapshot(path: &Path, meta: &SnapshotMeta<NodeId, Node>, table: &[u8]) -> io::Result<()> {
+    let meta = bincode::serialize(meta).map_err(io_err)?;
+    let len = u32::try_from(meta.len()).map_err(io_err)?.to_le_bytes();
+    write_atomically(path, &[&len, &meta, table])
+}
+
+/// A snapshot's meta and the table's bytes.
+type SnapshotParts = (SnapshotMeta<NodeId, Node>, Vec<u8>);
+
+fn read_snapshot(path: &Path) -> io::Result<Option<SnapshotParts>> {
+    let mut bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let corrupt = || io_err(format!("{} is not a snapshot", path.display()));
+    let len = bytes.get(..4).ok_or_else(corrupt)?;
+    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    let meta = bincode::deserialize(bytes.get(4..4 + len).ok_or_else(corrupt)?).map_err(io_err)?;
+    bytes.drain(..4 + len);
+    Ok(Some((meta, bytes)))
+}
+
+/// Reads a snapshot's table straight from the file, without holding its
+/// bytes in memory next to the table they decode to.
+fn load_snapshot(path: &Path) -> io::Result<Option<(SnapshotMeta<NodeId, Node>, LockTable)>> {
+    use std::io::Read;
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut reader = io::BufReader::with_capacity(1 << 20, file);
+    let mut len = [0u8; 4];
+    reader.read_exact(&mut len)?;
+    let mut meta = vec![0u8; u32::from_le_bytes(len) as usize];
+    reader.read_exact(&mut meta)?;
+    let meta = bincode::deserialize(&meta).map_err(io_err)?;
+    let table = bincode::deserialize_from(&mut reader).map_err(io_err)?;
+    Ok(Some((meta, table)))
+}
+
+/// Hands memory freed after a snapshot (the table copy's many small
+/// allocations) back to the operating system; glibc would otherwise keep it.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 #[derive(Clone)]
@@ -60,36 +118,27 @@ fn any(e: io::Error) -> openraft::AnyError {
 
 impl StateMachine {
     /// Opens the state machine, restoring the last snapshot under `dir` if any.
-    pub fn open(dir: &Path, hub: Arc<Hub>) -> io::Result<StateMachine> {
+    pub fn open(dir: &Path, hub: Arc<Hub>, snapshot_every: u64) -> io::Result<StateMachine> {
         let snapshot_path = dir.join("snapshot");
-        let applied = match fs::read(&snapshot_path) {
-            Ok(bytes) => {
-                let file: SnapshotFile = bincode::deserialize(&bytes).map_err(io_err)?;
-                let table: LockTable = bincode::deserialize(&file.data).map_err(io_err)?;
-                Applied {
-                    table,
-                    last_applied: file.meta.last_log_id,
-                    membership: file.meta.last_membership,
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Applied::default(),
-            Err(e) => return Err(e),
+        let applied = match load_snapshot(&snapshot_path)? {
+            Some((meta, table)) => Applied {
+                table,
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership,
+            },
+            None => Applied::default(),
         };
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 applied: Mutex::new(applied),
                 hub,
                 snapshot_path,
+                since_snapshot: AtomicU64::new(0),
+                snapshot_every: snapshot_every.max(1),
+                snapshot_requested: AtomicBool::new(false),
+                snapshot_due: Notify::new(),
             }),
         })
-    }
-
-    fn read_snapshot(&self) -> io::Result<Option<SnapshotFile>> {
-        match fs::read(&self.shared.snapshot_path) {
-            Ok(bytes) => Ok(Some(bincode::deserialize(&bytes).map_err(io_err)?)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
     }
 }
 
@@ -112,9 +161,10 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
                     last_membership: applied.membership.clone(),
                     snapshot_id: format!("{}", applied.last_applied.map_or(0, |l| l.index)),
                 };
-                let file = SnapshotFile { meta, data };
-                write_atomically(&path, &bincode::serialize(&file).map_err(io_err)?)?;
-                Ok((file.meta, file.data))
+                drop(applied);
+                write_snapshot(&path, &meta, &data)?;
+                release_freed_memory();
+                Ok((meta, data))
             },
         )
         .await
@@ -171,11 +221,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         self.shared.hub.publish(&events);
         self.shared.hub.applied.notify_one();
+        let applied: usize = outcomes.iter().map(Vec::len).sum();
+        let since = self
+            .shared
+            .since_snapshot
+            .fetch_add(applied as u64, Ordering::Relaxed)
+            + applied as u64;
+        if since >= self.shared.snapshot_every
+            && !self.shared.snapshot_requested.swap(true, Ordering::Relaxed)
+        {
+            self.shared.snapshot_due.notify_one();
+        }
         Ok(outcomes)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         let applied = self.shared.lock();
+        self.shared.since_snapshot.store(0, Ordering::Relaxed);
+        self.shared
+            .snapshot_requested
+            .store(false, Ordering::Relaxed);
         Builder {
             copy: Some(Applied {
                 table: applied.table.clone(),
@@ -200,13 +265,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let data = snapshot.into_inner();
         let table: LockTable = bincode::deserialize(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), any(io_err(e))))?;
-        let file = SnapshotFile {
-            meta: meta.clone(),
-            data,
-        };
-        let bytes = bincode::serialize(&file)
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), any(io_err(e))))?;
-        write_atomically(&self.shared.snapshot_path, &bytes)
+        write_snapshot(&self.shared.snapshot_path, meta, &data)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), any(e)))?;
         let mut applied = self.shared.lock();
         applied.table = table;
@@ -218,12 +277,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        let file = self
-            .read_snapshot()
+        let file = read_snapshot(&self.shared.snapshot_path)
             .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
-        Ok(file.map(|f| Snapshot {
-            meta: f.meta,
-            snapshot: Box::new(Cursor::new(f.data)),
+        Ok(file.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
         }))
     }
 }

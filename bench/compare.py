@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Side-by-side: the same workloads, the same machine, one run.
+
+Starts each store on free loopback ports with durable settings, runs
+`leasehold bench` against each (median of N runs), stops exactly the processes
+it started, and prints one table with each store's figures and the ratio to
+leaseholdd. Writes bench/results.md (and results.json) with the machine,
+versions and date.
+
+    python3 bench/compare.py            # 3 runs of 5 s per cell
+    RUNS=5 SECONDS=10 python3 bench/compare.py
+    python3 bench/compare.py --quick    # 1 run of 2 s, no 1M-lock hold
+
+Needs: redis-server, etcd, PostgreSQL binaries (/usr/lib/postgresql/*/bin),
+and a release build (the script runs `cargo build --release` first).
+"""
+import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time, urllib.request, glob, platform, datetime
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICK = "--quick" in sys.argv
+RUNS = int(os.environ.get("RUNS", 1 if QUICK else 3))
+SECS = int(os.environ.get("SECONDS_PER_RUN", 2 if QUICK else 5))
+HOLD = int(os.environ.get("HOLD_LOCKS", 0 if QUICK else 1_000_000))
+LEASEHOLD = os.path.join(ROOT, "target/release/leasehold")
+LEASEHOLDD = os.path.join(ROOT, "target/release/leaseholdd")
+started = []
+tmp = tempfile.mkdtemp(prefix="leasehold-bench-")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait(what, ok, limit=30):
+    end = time.time() + limit
+    while time.time() < end:
+        try:
+            if ok():
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def listening(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def spawn(name, args, **kw):
+    log = open(os.path.join(tmp, name + ".log"), "ab")
+    p = subprocess.Popen(args, stdout=log, stderr=log, **kw)
+    started.append(p)
+    return p
+
+
+def stop_all():
+    for p in started:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def version(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except Exception as e:
+        return f"unknown ({e})"
+
+
+def start_redis(durable):
+    port = free_port()
+    d = os.path.join(tmp, f"redis-{port}")
+    os.makedirs(d)
+    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", d, "--save", ""]
+    args += ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
+    spawn(f"redis-{port}", args)
+    wait("redis", lambda: listening(port))
+    return f"redis://127.0.0.1:{port}"
+
+
+def start_postgres():
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    if not bins:
+        raise SystemExit("no PostgreSQL binaries found")
+    b, port = bins[-1], free_port()
+    d = os.path.join(tmp, "pg")
+    os.makedirs(d)
+    user = []
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        shutil.chown(tmp, "postgres")
+        shutil.chown(d, "postgres")
+        user = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(user + [f"{b}/initdb", "-D", d, "-U", "root", "--auth=trust"], check=True, capture_output=True)
+    # Durable: fsync and synchronous_commit are on (the defaults), said explicitly.
+    spawn("postgres", user + [f"{b}/postgres", "-D", d, "-p", str(port), "-k", d, "-c", "listen_addresses=127.0.0.1",
+                               "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "max_connections=200"])
+    wait("postgres", lambda: listening(port))
+    time.sleep(0.5)
+    return f"postgres://root@127.0.0.1:{port}/postgres"
+
+
+def start_etcd():
+    port, peer = free_port(), free_port()
+    d = os.path.join(tmp, "etcd")
+    spawn("etcd", ["etcd", "--name", "bench", "--data-dir", d,
+                   "--listen-client-urls", f"http://127.0.0.1:{port}", "--advertise-client-urls", f"http://127.0.0.1:{port}",
+                   "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                   "--initial-cluster", f"bench=http://127.0.0.1:{peer}"])
+    wait("etcd", lambda: b"true" in urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read())
+    return f"etcd://127.0.0.1:{port}"
+
+
+def start_leaseholdd(data=None, port=None):
+    port = port or free_port()
+    data = data or os.path.join(tmp, "leasehold-data")
+    p = spawn("leaseholdd", [LEASEHOLDD, "--listen", f"127.0.0.1:{port}", "--data-dir", data])
+    wait("leaseholdd", lambda: b'"leader":true' in urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read())
+    return f"http://127.0.0.1:{port}", p, data, port
+
+
+def bench(url, workload, clients, extra=()):
+    args = [LEASEHOLD, "--endpoint", url, "bench", "--workload", workload, "--clients", str(clients),
+            "--duration", f"{SECS}s", "--json", *extra]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        return {"error": r.stderr.strip()[-300:]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def median_of(url, workload, clients):
+    runs = [bench(url, workload, clients) for _ in range(RUNS)]
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[0]["error"]}
+    rates = [r["ops_per_sec"] for r in ok]
+    med = sorted(ok, key=lambda r: r["ops_per_sec"])[len(ok) // 2]
+    med = dict(med)
+    med["runs"] = rates
+    med["spread_pct"] = 100 * (max(rates) - min(rates)) / statistics.median(rates) if len(rates) > 1 else 0.0
+    return med
+
+
+def main():
+    subprocess.run(["cargo", "build", "--release", "--bin", "leasehold", "--bin", "leaseholdd"], cwd=ROOT, check=True)
+    lh_url, lh_proc, lh_data, lh_port = start_leaseholdd()
+    stores = [
+        ("leaseholdd", lh_url),
+        ("redis (appendfsync always)", start_redis(True)),
+        ("redis (no persistence)", start_redis(False)),
+        ("postgres", start_postgres()),
+        ("etcd", start_etcd()),
+    ]
+    cells = [("cycle", 50), ("cycle", 1), ("contended", 50)]
+    results = {}
+    for name, url in stores:
+        for workload, clients in cells:
+            print(f"{name}: {workload} x{clients} ...", flush=True)
+            results[(name, workload, clients)] = median_of(url, workload, clients)
+
+    hold = {}
+    if HOLD:
+        print(f"leaseholdd: hold {HOLD} locks ...", flush=True)
+        hold = bench(lh_url, "hold", 50, ["--keys", str(HOLD), "--ttl", "10m", "--server-pid", str(lh_proc.pid)])
+        lh_proc.terminate()
+        lh_proc.wait(30)
+        t = time.time()
+        _, lh_proc, _, _ = start_leaseholdd(lh_data, lh_port)
+        hold["restart_seconds"] = time.time() - t
+        rss = open(f"/proc/{lh_proc.pid}/status").read().split("VmRSS:")[1].split()[0]
+        hold["rss_after_restart_bytes"] = int(rss) * 1024
+
+    write_results(stores, cells, results, hold)
+
+
+def fmt_cell(r, base):
+    if "error" in r:
+        return "error"
+    ratio = r["ops_per_sec"] / base["ops_per_sec"] if base and "error" not in base and base["ops_per_sec"] else 0
+    return f"{r['ops_per_sec']:,.0f}/s, p50 {r['latency_ms']['p50']:.2f} ms, p99 {r['latency_ms']['p99']:.2f} ms ({ratio:.2f}x)"
+
+
+def write_results(stores, cells, results, hold):
+    lines = []
+    head = "| store | " + " | ".join(f"{w} x{c}" for w, c in cells) + " |"
+    lines += [head, "|" + "---|" * (len(cells) + 1)]
+    for name, _ in stores:
+        row = [fmt_cell(results[(name, w, c)], results[("leaseholdd", w, c)]) for w, c in cells]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    spread = max((r.get("spread_pct", 0) for r in results.values() if "error" not in r), default=0)
+    table = "\n".join(lines)
+    print("\n" + table)
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    info = [
+        f"Date: {datetime.date.today()}",
+        f"Machine: {os.cpu_count()} cores ({cpu}), {round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB, {platform.platform()}",
+        f"Versions: {version([LEASEHOLDD, '--version'])}; {version(['redis-server', '--version'])}; "
+        f"{version([sorted(glob.glob('/usr/lib/postgresql/*/bin'))[-1] + '/postgres', '--version'])}; {version(['etcd', '--version'])}",
+        f"Method: {RUNS} runs of {SECS} s per cell, median by ops/s; the largest spread between runs of one cell was {spread:.0f}%.",
+        "Cells: ops/s, and latency per op (cycle: acquire + release; contended: release-to-next-grant hand-over). Ratio: ops/s relative to leaseholdd.",
+    ]
+    hold_lines = []
+    if hold and "error" not in hold:
+        hold_lines = [
+            f"hold: {hold['ops']:,} locks on one lease in {hold['seconds']:.1f} s; server RSS {hold.get('server_rss_bytes', 0) / 2**20:.0f} MiB "
+            f"({hold.get('bytes_per_held_lock', 0):.0f} bytes per held lock); restart with them: {hold['restart_seconds']:.1f} s "
+            f"(RSS after restart {hold['rss_after_restart_bytes'] / 2**20:.0f} MiB)."
+        ]
+    out = os.path.join(ROOT, "bench", "results.md")
+    with open(out, "w") as f:
+        f.write("# Benchmark results\n\nProduced by `python3 bench/compare.py`.\n\n")
+        f.write("\n".join(f"- {l}" for l in info) + "\n\n" + table + "\n\n")
+        if hold_lines:
+            f.write("\n".join(hold_lines) + "\n")
+        notes = os.path.join(ROOT, "bench", "notes.md")
+        if os.path.exists(notes):
+            f.write("\n" + open(notes).read())
+    with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
+        json.dump({"info": info, "cells": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}, "hold": hold}, f, indent=1)
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: (stop_all(), sys.exit(1)))
+    try:
+        main()
+    finally:
+        stop_all()
