@@ -1,19 +1,11 @@
 //! Bad input gets a clear, typed error and changes nothing, over gRPC and HTTP.
 
+mod common;
+
 use leasehold_proto::v1 as pb;
 use leasehold_testkit::Leaseholdd;
-use pb::leasehold_client::LeaseholdClient;
 use serde_json::{json, Value};
 use tonic::Code;
-
-fn code(status: &tonic::Status) -> String {
-    status
-        .metadata()
-        .get("leasehold-code")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
-}
 
 /// Drops the fields that change with the passing of time alone.
 fn timeless(mut v: Value) -> Value {
@@ -69,26 +61,9 @@ async fn state(server: &Leaseholdd) -> (Value, Value, String) {
 #[tokio::test]
 async fn grpc_rejects_bad_input_with_typed_errors() {
     let server = Leaseholdd::start();
-    let mut c = LeaseholdClient::connect(server.url()).await.unwrap();
-    let lease = c
-        .grant(pb::GrantRequest {
-            ttl_ms: 60_000,
-            holder: "h".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease_id;
-    let fence = c
-        .acquire(pb::AcquireRequest {
-            lease_id: lease,
-            key: "held".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .fence;
+    let mut c = common::grpc(&server).await;
+    let lease = common::lease(&mut c, 60_000, "h").await;
+    let fence = common::take(&mut c, lease, "held").await;
     let before = state(&server).await;
 
     let acq = |key: &str| pb::AcquireRequest {
@@ -241,7 +216,7 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
     for (what, result, grpc_code, wire_code) in cases {
         let err = result.expect_err(what);
         assert_eq!(err.code(), grpc_code, "{what}: {err:?}");
-        assert_eq!(code(&err), wire_code, "{what}");
+        assert_eq!(common::code(&err), wire_code, "{what}");
         assert!(!err.message().is_empty(), "{what}: no message");
     }
     assert_eq!(state(&server).await, before, "bad input changed state");

@@ -1,19 +1,13 @@
 //! `kill -9` and restart: acknowledged writes survive, tokens never go back,
 //! leases get their full TTL again.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_proto::v1 as pb;
 use leasehold_testkit::Leaseholdd;
-use pb::leasehold_client::LeaseholdClient;
-use tonic::transport::Channel;
-
-async fn grpc(server: &Leaseholdd) -> LeaseholdClient<Channel> {
-    LeaseholdClient::connect(server.url())
-        .await
-        .expect("connect gRPC")
-}
 
 /// Runs acquisitions from several clients, kills the server mid-stream, and
 /// checks every acknowledged grant after the restart.
@@ -21,7 +15,7 @@ async fn acknowledged_grants_survive(server: &mut Leaseholdd, round: &str) {
     let acked: Arc<Mutex<Vec<(String, u64, u64)>>> = Arc::default();
     let mut tasks = Vec::new();
     for t in 0..8 {
-        let mut c = grpc(server).await;
+        let mut c = common::grpc(server).await;
         let acked = acked.clone();
         let round = round.to_string();
         tasks.push(tokio::spawn(async move {
@@ -72,7 +66,7 @@ async fn acknowledged_grants_survive(server: &mut Leaseholdd, round: &str) {
     );
 
     server.crash_and_restart();
-    let mut c = grpc(server).await;
+    let mut c = common::grpc(server).await;
     let listed = c
         .list_locks(pb::ListLocksRequest {
             prefix: format!("{round}/"),
@@ -99,15 +93,7 @@ async fn acknowledged_grants_survive(server: &mut Leaseholdd, round: &str) {
         );
     }
     let highest = acked.iter().map(|a| a.2).max().unwrap();
-    let lease = c
-        .grant(pb::GrantRequest {
-            ttl_ms: 10_000,
-            holder: "after".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease_id;
+    let lease = common::lease(&mut c, 10_000, "after").await;
     let fresh = c
         .acquire(pb::AcquireRequest {
             lease_id: lease,
@@ -143,16 +129,8 @@ async fn kill_9_with_snapshots_and_purged_log_loses_nothing() {
 #[tokio::test]
 async fn a_restart_gives_live_leases_their_full_ttl_again() {
     let mut server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let lease = c
-        .grant(pb::GrantRequest {
-            ttl_ms: 4_000,
-            holder: "h".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease_id;
+    let mut c = common::grpc(&server).await;
+    let lease = common::lease(&mut c, 4_000, "h").await;
     c.acquire(pb::AcquireRequest {
         lease_id: lease,
         key: "k".into(),
@@ -162,7 +140,7 @@ async fn a_restart_gives_live_leases_their_full_ttl_again() {
     .unwrap();
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     server.crash_and_restart();
-    let mut c = grpc(&server).await;
+    let mut c = common::grpc(&server).await;
     let info = c
         .describe_lease(pb::DescribeLeaseRequest { lease_id: lease })
         .await
@@ -183,26 +161,9 @@ async fn a_restart_gives_live_leases_their_full_ttl_again() {
 #[tokio::test]
 async fn sigterm_shuts_down_cleanly_and_keeps_state() {
     let mut server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let lease = c
-        .grant(pb::GrantRequest {
-            ttl_ms: 60_000,
-            holder: "h".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .lease_id;
-    let fence = c
-        .acquire(pb::AcquireRequest {
-            lease_id: lease,
-            key: "k".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .fence;
+    let mut c = common::grpc(&server).await;
+    let lease = common::lease(&mut c, 60_000, "h").await;
+    let fence = common::take(&mut c, lease, "k").await;
     let status = server.process.terminate().expect("exit status");
     assert!(
         status.success(),
@@ -210,11 +171,7 @@ async fn sigterm_shuts_down_cleanly_and_keeps_state() {
         server.process.output()
     );
     server.crash_and_restart();
-    let mut c = grpc(&server).await;
-    let info = c
-        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut c = common::grpc(&server).await;
+    let info = common::describe(&mut c, "k").await;
     assert_eq!(info.holder.map(|h| h.fence), Some(fence));
 }

@@ -1,29 +1,12 @@
 //! `leaseholdd` as a real process, over gRPC and HTTP.
 
+mod common;
+
 use std::time::Duration;
 
 use leasehold_proto::v1 as pb;
 use leasehold_testkit::Leaseholdd;
-use pb::leasehold_client::LeaseholdClient;
 use serde_json::{json, Value};
-use tonic::transport::Channel;
-
-async fn grpc(server: &Leaseholdd) -> LeaseholdClient<Channel> {
-    LeaseholdClient::connect(server.url())
-        .await
-        .expect("connect gRPC")
-}
-
-async fn lease(c: &mut LeaseholdClient<Channel>, ttl_ms: u64, holder: &str) -> u64 {
-    c.grant(pb::GrantRequest {
-        ttl_ms,
-        holder: holder.into(),
-    })
-    .await
-    .expect("grant")
-    .into_inner()
-    .lease_id
-}
 
 fn acquire(lease_id: u64, key: &str, wait_ms: u64) -> pb::AcquireRequest {
     pb::AcquireRequest {
@@ -32,14 +15,6 @@ fn acquire(lease_id: u64, key: &str, wait_ms: u64) -> pb::AcquireRequest {
         wait_ms,
         ..Default::default()
     }
-}
-
-fn code(status: &tonic::Status) -> &str {
-    status
-        .metadata()
-        .get("leasehold-code")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
 }
 
 async fn post(server: &Leaseholdd, path: &str, body: Value) -> (u16, Value) {
@@ -64,9 +39,9 @@ async fn get(server: &Leaseholdd, path: &str) -> (u16, Value) {
 #[tokio::test]
 async fn contention_tells_who_holds_the_lock_over_grpc_and_http() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let a = lease(&mut c, 10_000, "host-a/pid-1").await;
-    let b = lease(&mut c, 10_000, "host-b/pid-2").await;
+    let mut c = common::grpc(&server).await;
+    let a = common::lease(&mut c, 10_000, "host-a/pid-1").await;
+    let b = common::lease(&mut c, 10_000, "host-b/pid-2").await;
     let fence = c
         .acquire(acquire(a, "nightly", 0))
         .await
@@ -79,7 +54,7 @@ async fn contention_tells_who_holds_the_lock_over_grpc_and_http() {
         .await
         .expect_err("second must fail");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert_eq!(code(&err), "held");
+    assert_eq!(common::code(&err), "held");
     assert_eq!(
         err.metadata().get("leasehold-holder").unwrap(),
         "host-a/pid-1"
@@ -113,8 +88,8 @@ async fn contention_tells_who_holds_the_lock_over_grpc_and_http() {
 #[tokio::test]
 async fn waiters_are_granted_in_fifo_order() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let holder = lease(&mut c, 30_000, "holder").await;
+    let mut c = common::grpc(&server).await;
+    let holder = common::lease(&mut c, 30_000, "holder").await;
     let mut fence = c
         .acquire(acquire(holder, "k", 0))
         .await
@@ -125,7 +100,7 @@ async fn waiters_are_granted_in_fifo_order() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut waiters = Vec::new();
     for i in 0..4 {
-        let id = lease(&mut c, 30_000, &format!("w{i}")).await;
+        let id = common::lease(&mut c, 30_000, &format!("w{i}")).await;
         let mut wc = c.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -137,11 +112,7 @@ async fn waiters_are_granted_in_fifo_order() {
         });
         // Queue them one at a time so the order is known.
         loop {
-            let info = c
-                .describe_lock(pb::DescribeLockRequest { key: "k".into() })
-                .await
-                .unwrap()
-                .into_inner();
+            let info = common::describe(&mut c, "k").await;
             if info.waiters.len() == i + 1 {
                 break;
             }
@@ -169,15 +140,15 @@ async fn waiters_are_granted_in_fifo_order() {
 #[tokio::test]
 async fn expiry_frees_the_lock_and_grants_the_next_waiter() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let short = lease(&mut c, 300, "crashed").await;
+    let mut c = common::grpc(&server).await;
+    let short = common::lease(&mut c, 300, "crashed").await;
     let first = c
         .acquire(acquire(short, "k", 0))
         .await
         .unwrap()
         .into_inner()
         .fence;
-    let waiter = lease(&mut c, 30_000, "next").await;
+    let waiter = common::lease(&mut c, 30_000, "next").await;
     let started = std::time::Instant::now();
     let granted = c
         .acquire(acquire(waiter, "k", 10_000))
@@ -191,21 +162,21 @@ async fn expiry_frees_the_lock_and_grants_the_next_waiter() {
         .keep_alive(pb::KeepAliveRequest { lease_id: short })
         .await
         .expect_err("expired");
-    assert_eq!(code(&err), "lease_expired");
+    assert_eq!(common::code(&err), "lease_expired");
 }
 
 #[tokio::test]
 async fn stale_release_is_refused_and_changes_nothing() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let a = lease(&mut c, 200, "a").await;
+    let mut c = common::grpc(&server).await;
+    let a = common::lease(&mut c, 200, "a").await;
     let old = c
         .acquire(acquire(a, "k", 0))
         .await
         .unwrap()
         .into_inner()
         .fence;
-    let b = lease(&mut c, 30_000, "b").await;
+    let b = common::lease(&mut c, 30_000, "b").await;
     let new = c
         .acquire(acquire(b, "k", 5_000))
         .await
@@ -221,7 +192,7 @@ async fn stale_release_is_refused_and_changes_nothing() {
         })
         .await
         .expect_err("stale");
-    assert_eq!(code(&err), "stale_fence");
+    assert_eq!(common::code(&err), "stale_fence");
     assert!(
         err.message()
             .contains(&format!("presented {old}, current {new}")),
@@ -234,19 +205,15 @@ async fn stale_release_is_refused_and_changes_nothing() {
     assert_eq!(body["error"]["presented_fence"], old);
     assert_eq!(body["error"]["current_fence"], new);
 
-    let info = c
-        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    let info = common::describe(&mut c, "k").await;
     assert_eq!(info.holder.map(|h| h.fence), Some(new));
 }
 
 #[tokio::test]
 async fn the_next_holder_receives_the_checkpoint() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let a = lease(&mut c, 30_000, "a").await;
+    let mut c = common::grpc(&server).await;
+    let a = common::lease(&mut c, 30_000, "a").await;
     let fa = c
         .acquire(acquire(a, "job", 0))
         .await
@@ -279,8 +246,8 @@ async fn the_next_holder_receives_the_checkpoint() {
 #[tokio::test]
 async fn a_retried_acquire_never_grants_twice() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let a = lease(&mut c, 30_000, "a").await;
+    let mut c = common::grpc(&server).await;
+    let a = common::lease(&mut c, 30_000, "a").await;
     let req = pb::AcquireRequest {
         lease_id: a,
         key: "k".into(),
@@ -298,11 +265,7 @@ async fn a_retried_acquire_never_grants_twice() {
     // The first reply was "lost" and the client retries after all that.
     let again = c.acquire(req).await.unwrap().into_inner().fence;
     assert_eq!(again, first);
-    let info = c
-        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    let info = common::describe(&mut c, "k").await;
     assert!(
         info.holder.is_none(),
         "the retry must not take the lock again"
@@ -312,23 +275,19 @@ async fn a_retried_acquire_never_grants_twice() {
 #[tokio::test]
 async fn an_abandoned_wait_is_withdrawn() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
-    let a = lease(&mut c, 30_000, "a").await;
+    let mut c = common::grpc(&server).await;
+    let a = common::lease(&mut c, 30_000, "a").await;
     let fa = c
         .acquire(acquire(a, "k", 0))
         .await
         .unwrap()
         .into_inner()
         .fence;
-    let b = lease(&mut c, 30_000, "gone").await;
-    let mut wc = grpc(&server).await;
+    let b = common::lease(&mut c, 30_000, "gone").await;
+    let mut wc = common::grpc(&server).await;
     let waiting = tokio::spawn(async move { wc.acquire(acquire(b, "k", 20_000)).await });
     loop {
-        let info = c
-            .describe_lock(pb::DescribeLockRequest { key: "k".into() })
-            .await
-            .unwrap()
-            .into_inner();
+        let info = common::describe(&mut c, "k").await;
         if !info.waiters.is_empty() {
             break;
         }
@@ -337,11 +296,7 @@ async fn an_abandoned_wait_is_withdrawn() {
     waiting.abort(); // the caller goes away (its connection drops)
     let _ = waiting.await;
     loop {
-        let info = c
-            .describe_lock(pb::DescribeLockRequest { key: "k".into() })
-            .await
-            .unwrap()
-            .into_inner();
+        let info = common::describe(&mut c, "k").await;
         if info.waiters.is_empty() {
             break;
         }
@@ -354,11 +309,7 @@ async fn an_abandoned_wait_is_withdrawn() {
     })
     .await
     .unwrap();
-    let info = c
-        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    let info = common::describe(&mut c, "k").await;
     assert!(
         info.holder.is_none(),
         "granted to a caller that left: {info:?}"
@@ -368,7 +319,7 @@ async fn an_abandoned_wait_is_withdrawn() {
 #[tokio::test]
 async fn watch_streams_acquired_released_and_expired() {
     let server = Leaseholdd::start();
-    let mut c = grpc(&server).await;
+    let mut c = common::grpc(&server).await;
     let mut stream = c
         .watch(pb::WatchRequest {
             prefix: "jobs/".into(),
@@ -376,7 +327,7 @@ async fn watch_streams_acquired_released_and_expired() {
         .await
         .unwrap()
         .into_inner();
-    let a = lease(&mut c, 30_000, "a").await;
+    let a = common::lease(&mut c, 30_000, "a").await;
     let f1 = c
         .acquire(acquire(a, "jobs/1", 0))
         .await
@@ -391,7 +342,7 @@ async fn watch_streams_acquired_released_and_expired() {
     })
     .await
     .unwrap();
-    let short = lease(&mut c, 100, "short").await;
+    let short = common::lease(&mut c, 100, "short").await;
     let f2 = c
         .acquire(acquire(short, "jobs/2", 0))
         .await
