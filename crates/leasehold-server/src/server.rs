@@ -52,7 +52,9 @@ pub async fn run(
         let _ = signal_tx.send(true);
     });
     let mut graceful = signal_rx.clone();
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+    // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
+    // hold a response back until the client's delayed ACK.
+    let serve = axum::serve(listener, app).tcp_nodelay(true).with_graceful_shutdown(async move {
         let _ = graceful.wait_for(|s| *s).await;
     });
     // Open connections (watch streams, idle keep-alive clients) must not keep
