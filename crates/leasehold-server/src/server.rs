@@ -54,9 +54,11 @@ pub async fn run(
     let mut graceful = signal_rx.clone();
     // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
     // hold a response back until the client's delayed ACK.
-    let serve = axum::serve(listener, app).tcp_nodelay(true).with_graceful_shutdown(async move {
-        let _ = graceful.wait_for(|s| *s).await;
-    });
+    let serve = axum::serve(listener, app)
+        .tcp_nodelay(true)
+        .with_graceful_shutdown(async move {
+            let _ = graceful.wait_for(|s| *s).await;
+        });
     // Open connections (watch streams, idle keep-alive clients) must not keep
     // the process alive: after a grace period, stop serving regardless.
     let result = tokio::select! {

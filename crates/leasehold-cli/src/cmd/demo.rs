@@ -27,6 +27,10 @@ const B_DEPOSIT: i64 = 30;
 
 type Balance = Arc<Mutex<i64>>;
 
+fn lock(b: &Balance) -> std::sync::MutexGuard<'_, i64> {
+    b.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The account service: `/plain/account` has no gate, `/fenced/account` is
 /// behind a fence gate. Each has its own balance.
 fn account_service(plain: Balance, fenced: Balance) -> Router {
@@ -34,13 +38,13 @@ fn account_service(plain: Balance, fenced: Balance) -> Router {
         Router::new()
             .route(
                 "/account",
-                get(|State(b): State<Balance>| async move {
-                    Json(json!({ "balance": *b.lock().unwrap() }))
-                })
+                get(
+                    |State(b): State<Balance>| async move { Json(json!({ "balance": *lock(&b) })) },
+                )
                 .put(
                     |State(b): State<Balance>, Json(body): Json<Value>| async move {
                         let new = body["balance"].as_i64().unwrap_or(0);
-                        *b.lock().unwrap() = new;
+                        *lock(&b) = new;
                         Json(json!({ "balance": new }))
                     },
                 ),
@@ -169,7 +173,7 @@ async fn scenario(
     balance: &Balance,
     key: &str,
 ) -> anyhow::Result<Outcome> {
-    *balance.lock().unwrap() = START;
+    *lock(balance) = START;
     let exe = std::env::current_exe().context("find the leasehold binary")?;
     let mut a = tokio::process::Command::new(exe)
         .args([
@@ -229,7 +233,7 @@ async fn scenario(
         a_result,
         b_fence,
         b_result,
-        balance: *balance.lock().unwrap(),
+        balance: *lock(balance),
     })
 }
 
