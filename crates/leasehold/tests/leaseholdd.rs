@@ -183,12 +183,13 @@ async fn release_after_loss_says_so_and_leaves_the_new_holder_alone() {
 async fn a_server_restart_never_leaves_two_holders() {
     let mut server = Leaseholdd::start();
     let a = Client::connect(&server.url()).await.unwrap();
-    let la = a.try_acquire("k", opts(3_000)).await.unwrap();
+    // A TTL with room for a debug build to restart on a loaded machine.
+    let la = a.try_acquire("k", opts(5_000)).await.unwrap();
     server.crash_and_restart();
-    // Give the client a renewal round against the restarted server.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Give the client a renewal round (every TTL/3) against the restarted server.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     let b = Client::connect(&server.url()).await.unwrap();
-    let second = b.try_acquire("k", opts(3_000)).await;
+    let second = b.try_acquire("k", opts(5_000)).await;
     match (la.is_live(), &second) {
         (true, Err(Error::Held { .. })) => {} // A kept it: restored with a full TTL
         (false, _) => {}                      // A was told it lost it
@@ -197,7 +198,7 @@ async fn a_server_restart_never_leaves_two_holders() {
     }
     assert!(
         la.is_live(),
-        "with a 3 s TTL and a quick restart, the lease should survive: {}",
+        "with a 5 s TTL and a quick restart, the lease should survive: {}",
         la.lost_reason()
     );
 }
