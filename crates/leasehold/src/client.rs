@@ -57,6 +57,18 @@ fn default_holder() -> String {
     format!("{host}/pid-{}", std::process::id())
 }
 
+/// The same limits leaseholdd enforces (`leasehold_core::limits`), checked for
+/// every backend before anything is sent, so bad input gets one clear error
+/// whatever the store.
+fn validate(key: &str, opts: &LockOptions) -> Result<()> {
+    use leasehold_core::limits;
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    limits::validate_key(key)
+        .and_then(|()| limits::validate_ttl(ms(opts.ttl)))
+        .and_then(|()| limits::validate_wait(ms(opts.wait), ms(opts.lock_delay)))
+        .map_err(|e| Error::InvalidArgument(e.to_string()))
+}
+
 impl Client {
     /// Connects to a lock store by URL: `http://host:port` (leaseholdd),
     /// `redis://…`, `redlock://h1:p1,h2:p2,h3:p3`, `postgres://…`,
@@ -112,6 +124,7 @@ impl Client {
 
     /// Takes `key` if it is free; answers at once.
     pub async fn try_acquire(&self, key: &str, opts: LockOptions) -> Result<Lease> {
+        validate(key, &opts)?;
         let acquired = self.backend.acquire(key, &self.holder, &opts, None).await?;
         Ok(Lease::new(key, self.backend.name(), acquired))
     }
@@ -119,6 +132,7 @@ impl Client {
     /// Takes `key`, waiting up to `opts.wait` (in the server's FIFO queue on
     /// backends that have one).
     pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<Lease> {
+        validate(key, &opts)?;
         let wait = Some(opts.wait);
         let acquired = self.backend.acquire(key, &self.holder, &opts, wait).await?;
         Ok(Lease::new(key, self.backend.name(), acquired))

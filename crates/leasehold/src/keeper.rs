@@ -13,7 +13,6 @@
 //!   a release is sent (the ordering bug Redisson users hit, #7272).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,7 +43,6 @@ pub struct Liveness {
 struct LivenessInner {
     deadline: Mutex<Instant>,
     reason: Mutex<Option<String>>,
-    lost_flag: AtomicBool,
 }
 
 impl Liveness {
@@ -55,7 +53,6 @@ impl Liveness {
             inner: Arc::new(LivenessInner {
                 deadline: Mutex::new(deadline),
                 reason: Mutex::new(None),
-                lost_flag: AtomicBool::new(false),
             }),
         }
     }
@@ -76,7 +73,6 @@ impl Liveness {
                 *r = Some(reason.into());
             }
         }
-        self.inner.lost_flag.store(true, Ordering::SeqCst);
         self.lost.cancel();
     }
 
@@ -215,7 +211,7 @@ impl Drop for Keeper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[tokio::test(start_paused = true)]
     async fn renews_every_third_of_the_ttl() {

@@ -203,16 +203,6 @@ async fn a_server_restart_never_leaves_two_holders() {
     );
 }
 
-#[tokio::test]
-async fn a_correctness_lock_is_refused_from_an_efficiency_backend_only() {
-    let server = Leaseholdd::start();
-    let client = Client::builder(&server.url())
-        .require(leasehold::Guarantee::Correctness)
-        .connect()
-        .await;
-    assert!(client.is_ok());
-}
-
 fn tempfile_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "leasehold-test-{}-{}",

@@ -22,7 +22,6 @@ use etcd_client::{
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::redis::validate;
 use super::{Acquired, Backend, Guarantee, Hold, LockOptions};
 use crate::keeper::{Keeper, RenewError};
 use crate::{Error, Fence, Result};
@@ -158,7 +157,6 @@ impl Backend for Etcd {
         opts: &LockOptions,
         wait: Option<Duration>,
     ) -> Result<Acquired> {
-        validate(key, opts.ttl)?;
         let give_up = Instant::now() + wait.unwrap_or_default();
         let ttl_secs = (opts.ttl.as_millis() as i64 + 999) / 1000;
         let sent_at = Instant::now();

@@ -193,3 +193,16 @@ pub trait Backend: Send + Sync + 'static {
     /// Ends sessions and stops background work.
     async fn close(&self) {}
 }
+
+/// Waits with jittered, bounded backoff until `give_up`; `Ok(false)` past it.
+pub(crate) async fn backoff(attempt: &mut u32, give_up: tokio::time::Instant) -> bool {
+    let base = Duration::from_millis(10u64 << (*attempt).min(4)); // 10 ms .. 160 ms
+    *attempt += 1;
+    let jitter = Duration::from_millis(rand::random::<u64>() % (base.as_millis() as u64 + 1));
+    let at = tokio::time::Instant::now() + base / 2 + jitter;
+    if at >= give_up {
+        return false;
+    }
+    tokio::time::sleep_until(at).await;
+    true
+}

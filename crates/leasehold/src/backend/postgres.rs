@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_postgres::{Client as PgClient, NoTls};
 
-use super::redis::{backoff, validate};
+use super::backoff;
 use super::{Acquired, Backend, Guarantee, Hold, LockOptions, LockStatus};
 use crate::keeper::{Keeper, RenewError};
 use crate::{Error, Fence, Result};
@@ -141,7 +141,6 @@ impl Backend for Postgres {
         opts: &LockOptions,
         wait: Option<Duration>,
     ) -> Result<Acquired> {
-        validate(key, opts.ttl)?;
         let ttl_ms = i64::try_from(opts.ttl.as_millis()).unwrap_or(i64::MAX);
         let owner = format!("{:016x}", rand::random::<u64>());
         let give_up = Instant::now() + wait.unwrap_or_default();

@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Script;
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, Guarantee, Hold, LockOptions};
+use super::{backoff, Acquired, Backend, Guarantee, Hold, LockOptions};
 use crate::keeper::{Keeper, RenewError};
 use crate::{Error, Fence, Result};
 
@@ -186,19 +186,6 @@ impl Redis {
     }
 }
 
-/// Waits with jittered, bounded backoff until `give_up`; `Ok(false)` past it.
-pub(crate) async fn backoff(attempt: &mut u32, give_up: Instant) -> bool {
-    let base = Duration::from_millis(10u64 << (*attempt).min(4)); // 10 ms .. 160 ms
-    *attempt += 1;
-    let jitter = Duration::from_millis(rand::random::<u64>() % (base.as_millis() as u64 + 1));
-    let at = Instant::now() + base / 2 + jitter;
-    if at >= give_up {
-        return false;
-    }
-    tokio::time::sleep_until(at).await;
-    true
-}
-
 #[async_trait::async_trait]
 impl Backend for Redis {
     fn name(&self) -> &'static str {
@@ -220,7 +207,6 @@ impl Backend for Redis {
         opts: &LockOptions,
         wait: Option<Duration>,
     ) -> Result<Acquired> {
-        validate(key, opts.ttl)?;
         let give_up = Instant::now() + wait.unwrap_or_default();
         let mut attempt = 0;
         loop {
@@ -241,19 +227,6 @@ impl Backend for Redis {
     async fn release_by_fence(&self, key: &str, fence: Fence) -> Result<()> {
         release_fence(&self.node, key, fence).await
     }
-}
-
-pub(crate) fn validate(key: &str, ttl: Duration) -> Result<()> {
-    if key.is_empty() || key.len() > 512 {
-        return Err(Error::InvalidArgument(format!(
-            "key must be 1 to 512 bytes, not {}",
-            key.len()
-        )));
-    }
-    if ttl < Duration::from_millis(10) {
-        return Err(Error::InvalidArgument("ttl must be at least 10 ms".into()));
-    }
-    Ok(())
 }
 
 async fn release_fence(node: &Node, key: &str, fence: Fence) -> Result<()> {

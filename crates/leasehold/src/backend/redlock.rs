@@ -16,7 +16,8 @@ use std::time::Duration;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use super::redis::{backoff, validate, Node};
+use super::backoff;
+use super::redis::Node;
 use super::{Acquired, Backend, Guarantee, Hold, LockOptions};
 use crate::keeper::{Keeper, RenewError};
 use crate::{Error, Result};
@@ -102,7 +103,6 @@ impl Backend for Redlock {
         opts: &LockOptions,
         wait: Option<Duration>,
     ) -> Result<Acquired> {
-        validate(key, opts.ttl)?;
         let ttl = opts.ttl;
         let give_up = Instant::now() + wait.unwrap_or_default();
         let nodes = self.live_nodes();
