@@ -61,9 +61,13 @@ fn a_killed_job_resumes_from_its_checkpoint_and_processes_every_item_once() {
                 .ok()
         })
         .expect("the successor says where it resumed");
+    // A batch's file is written before its checkpoint is saved, so a kill
+    // between the two leaves the checkpoint one batch behind the files: the
+    // successor redoes that batch (replacing its file), never more.
+    assert!(resumed > 0, "restarted from scratch instead of resuming");
     assert!(
-        resumed >= 15 && resumed as usize >= (done_before - 1) * 5,
-        "restarted instead of resuming: {resumed}"
+        resumed as usize >= (done_before - 1) * 5,
+        "resumed at {resumed} with {done_before} batches on disk"
     );
     second.kill9();
 
