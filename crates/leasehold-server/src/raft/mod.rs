@@ -470,6 +470,36 @@ mod storage_tests {
             .expect("append and flush");
     }
 
+    fn only_segment(dir: &std::path::Path) -> std::path::PathBuf {
+        std::fs::read_dir(dir.join("log"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+    }
+
+    /// The byte ranges of the records at the start of a segment (it is
+    /// preallocated, so the file is longer than its records).
+    fn record_spans(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+        let mut spans = Vec::new();
+        let mut at = 0;
+        while at + 8 <= bytes.len() {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            if len == 0 {
+                break;
+            }
+            spans.push(at..at + 8 + len);
+            at += 8 + len;
+        }
+        spans
+    }
+
+    async fn indexes(log: &mut LogStore) -> Vec<u64> {
+        let entries = log.try_get_log_entries(0..100).await.unwrap();
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
     #[tokio::test]
     async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -477,30 +507,61 @@ mod storage_tests {
             let mut log = LogStore::open(dir.path()).expect("open");
             append(&mut log, (1..=10).map(blank).collect()).await;
         }
-        // A crash mid-write leaves half a record at the end of the segment.
-        let seg = std::fs::read_dir(dir.path().join("log"))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
+        // A crash mid-write leaves half a record after the last whole one.
+        let seg = only_segment(dir.path());
         let mut bytes = std::fs::read(&seg).unwrap();
-        let whole = bytes.len();
-        bytes.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
+        let whole = record_spans(&bytes).last().unwrap().end;
+        bytes[whole..whole + 7].copy_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
         std::fs::write(&seg, &bytes).unwrap();
 
         let mut log = LogStore::open(dir.path()).expect("reopen");
-        assert_eq!(std::fs::metadata(&seg).unwrap().len() as usize, whole);
-        let entries = log.try_get_log_entries(0..100).await.unwrap();
-        assert_eq!(
-            entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
-            (1..=10).collect::<Vec<_>>()
+        let after = std::fs::read(&seg).unwrap();
+        assert_eq!(&after[..whole], &bytes[..whole]);
+        assert!(
+            after[whole..].iter().all(|&b| b == 0),
+            "the torn record is cut"
         );
+        assert_eq!(indexes(&mut log).await, (1..=10).collect::<Vec<_>>());
         // And the log keeps working after the cut.
         append(&mut log, vec![blank(11)]).await;
         drop(log);
         let mut log = LogStore::open(dir.path()).expect("reopen again");
-        assert_eq!(log.try_get_log_entries(0..100).await.unwrap().len(), 11);
+        assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
+    }
+
+    /// A crash can persist the end of an unacknowledged write but not its
+    /// start. Records written later over that start must not join up with
+    /// the stale remainder.
+    #[tokio::test]
+    async fn a_stale_record_behind_a_gap_is_never_replayed() {
+        let donor = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(donor.path()).expect("open");
+            append(&mut log, (1..=12).map(blank).collect()).await;
+        }
+        let donor_bytes = std::fs::read(only_segment(donor.path())).unwrap();
+        let donor_spans = record_spans(&donor_bytes);
+        let (eleven, twelve) = (donor_spans[10].clone(), donor_spans[11].clone());
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            append(&mut log, (1..=10).map(blank).collect()).await;
+        }
+        let seg = only_segment(dir.path());
+        let mut bytes = std::fs::read(&seg).unwrap();
+        let end = record_spans(&bytes).last().unwrap().end;
+        // Entry 11's bytes never reached the disk; entry 12's did.
+        let twelve_at = end + eleven.len();
+        bytes[twelve_at..twelve_at + twelve.len()].copy_from_slice(&donor_bytes[twelve]);
+        std::fs::write(&seg, &bytes).unwrap();
+
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(indexes(&mut log).await, (1..=10).collect::<Vec<_>>());
+        append(&mut log, vec![blank(11)]).await;
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen again");
+        assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
     }
 
     #[tokio::test]
