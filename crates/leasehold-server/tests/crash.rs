@@ -127,6 +127,12 @@ async fn kill_9_with_snapshots_and_purged_log_loses_nothing() {
 }
 
 #[tokio::test]
+async fn kill_9_with_a_multi_threaded_runtime_loses_nothing() {
+    let mut server = Leaseholdd::start_with(&["--threads", "2"]);
+    acknowledged_grants_survive(&mut server, "a").await;
+}
+
+#[tokio::test]
 async fn a_restart_gives_live_leases_their_full_ttl_again() {
     let mut server = Leaseholdd::start();
     let mut c = common::grpc(&server).await;

@@ -496,7 +496,7 @@ mod storage_tests {
     }
 
     async fn indexes(log: &mut LogStore) -> Vec<u64> {
-        let entries = log.try_get_log_entries(0..100).await.unwrap();
+        let entries = log.try_get_log_entries(..).await.unwrap();
         entries.iter().map(|e| e.log_id.index).collect()
     }
 
@@ -562,6 +562,57 @@ mod storage_tests {
         drop(log);
         let mut log = LogStore::open(dir.path()).expect("reopen again");
         assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
+    }
+
+    fn big(index: u64) -> Entry<TypeConfig> {
+        let command = leasehold_core::Command::SaveCheckpoint {
+            key: format!("k{index}"),
+            fence: index,
+            data: vec![index as u8; 64 * 1024],
+        };
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(super::Request {
+                stamp: leasehold_core::Stamp { now: 0, epoch: 1 },
+                commands: vec![command],
+            }),
+        }
+    }
+
+    fn segment_count(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("log")).unwrap().count()
+    }
+
+    #[tokio::test]
+    async fn segments_roll_over_and_purged_ones_are_deleted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            // 300 x 64 KiB: more than two 8 MiB segments.
+            for chunk in (1..=300).collect::<Vec<u64>>().chunks(20) {
+                append(&mut log, chunk.iter().map(|&i| big(i)).collect()).await;
+            }
+            assert_eq!(segment_count(dir.path()), 3);
+            log.purge(*big(280).get_log_id()).await.unwrap();
+            // Flushed after the purge, so the purge is done when it returns.
+            append(&mut log, vec![big(301)]).await;
+        }
+        assert_eq!(
+            segment_count(dir.path()),
+            1,
+            "segments below the purge point are deleted"
+        );
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(indexes(&mut log).await, (281..=301).collect::<Vec<_>>());
+        let entries = log.try_get_log_entries(300..301).await.unwrap();
+        assert_eq!(
+            format!("{:?}", entries[0].payload),
+            format!("{:?}", big(300).payload)
+        );
+        append(&mut log, vec![big(302)]).await;
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen again");
+        assert_eq!(indexes(&mut log).await, (281..=302).collect::<Vec<_>>());
     }
 
     #[tokio::test]
