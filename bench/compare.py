@@ -2,7 +2,8 @@
 """Side-by-side: the same workloads, the same machine, one run.
 
 Starts each store on free loopback ports with durable settings, runs
-`leasehold bench` against each (median of N runs), stops exactly the processes
+`leasehold bench` against each (median of N runs, interleaved across the
+stores), stops exactly the processes
 it started, and prints one table with each store's figures and the ratio to
 leaseholdd. Writes bench/results.md (and results.json) with the machine,
 versions and date.
@@ -21,6 +22,10 @@ QUICK = "--quick" in sys.argv
 RUNS = int(os.environ.get("RUNS", 1 if QUICK else 3))
 SECS = int(os.environ.get("SECONDS_PER_RUN", 2 if QUICK else 5))
 HOLD = int(os.environ.get("HOLD_LOCKS", 0 if QUICK else 1_000_000))
+# The cost of keeping locks held: this many locks, this TTL, for this long.
+KEEP_LOCKS = int(os.environ.get("KEEP_LOCKS", 1_000 if QUICK else 10_000))
+KEEP_TTL_S = 3 if QUICK else 10
+KEEP_SECS = 4 if QUICK else 10
 LEASEHOLD = os.path.join(ROOT, "target/release/leasehold")
 LEASEHOLDD = os.path.join(ROOT, "target/release/leaseholdd")
 started = []
@@ -83,9 +88,9 @@ def start_redis(durable):
     os.makedirs(d)
     args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", d, "--save", ""]
     args += ["--appendonly", "yes", "--appendfsync", "always"] if durable else ["--appendonly", "no"]
-    spawn(f"redis-{port}", args)
+    p = spawn(f"redis-{port}", args)
     wait("redis", lambda: listening(port))
-    return f"redis://127.0.0.1:{port}"
+    return f"redis://127.0.0.1:{port}", p.pid
 
 
 def start_postgres():
@@ -102,22 +107,24 @@ def start_postgres():
         user = ["runuser", "-u", "postgres", "--"]
     subprocess.run(user + [f"{b}/initdb", "-D", d, "-U", "root", "--auth=trust"], check=True, capture_output=True)
     # Durable: fsync and synchronous_commit are on (the defaults), said explicitly.
-    spawn("postgres", user + [f"{b}/postgres", "-D", d, "-p", str(port), "-k", d, "-c", "listen_addresses=127.0.0.1",
+    p = spawn("postgres", user + [f"{b}/postgres", "-D", d, "-p", str(port), "-k", d, "-c", "listen_addresses=127.0.0.1",
                                "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "max_connections=200"])
     wait("postgres", lambda: listening(port))
     time.sleep(0.5)
-    return f"postgres://root@127.0.0.1:{port}/postgres"
+    # The pid is runuser's or the postmaster's; the bench counts the
+    # processes below it (the backends) too.
+    return f"postgres://root@127.0.0.1:{port}/postgres", p.pid
 
 
 def start_etcd():
     port, peer = free_port(), free_port()
     d = os.path.join(tmp, "etcd")
-    spawn("etcd", ["etcd", "--name", "bench", "--data-dir", d,
+    p = spawn("etcd", ["etcd", "--name", "bench", "--data-dir", d,
                    "--listen-client-urls", f"http://127.0.0.1:{port}", "--advertise-client-urls", f"http://127.0.0.1:{port}",
                    "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
                    "--initial-cluster", f"bench=http://127.0.0.1:{peer}"])
     wait("etcd", lambda: b"true" in urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read())
-    return f"etcd://127.0.0.1:{port}"
+    return f"etcd://127.0.0.1:{port}", p.pid
 
 
 def start_leaseholdd(data=None, port=None):
@@ -128,17 +135,16 @@ def start_leaseholdd(data=None, port=None):
     return f"http://127.0.0.1:{port}", p, data, port
 
 
-def bench(url, workload, clients, extra=()):
+def bench(url, workload, clients, extra=(), seconds=None):
     args = [LEASEHOLD, "--endpoint", url, "bench", "--workload", workload, "--clients", str(clients),
-            "--duration", f"{SECS}s", "--json", *extra]
+            "--duration", f"{seconds or SECS}s", "--json", *extra]
     r = subprocess.run(args, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         return {"error": r.stderr.strip()[-300:]}
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def median_of(url, workload, clients):
-    runs = [bench(url, workload, clients) for _ in range(RUNS)]
+def median_of(runs):
     ok = [r for r in runs if "error" not in r]
     if not ok:
         return {"error": runs[0]["error"]}
@@ -154,18 +160,30 @@ def main():
     subprocess.run(["cargo", "build", "--release", "--bin", "leasehold", "--bin", "leaseholdd"], cwd=ROOT, check=True)
     lh_url, lh_proc, lh_data, lh_port = start_leaseholdd()
     stores = [
-        ("leaseholdd", lh_url),
+        ("leaseholdd", (lh_url, lh_proc.pid)),
         ("redis (appendfsync always)", start_redis(True)),
         ("redis (no persistence)", start_redis(False)),
         ("postgres", start_postgres()),
         ("etcd", start_etcd()),
     ]
+    pids = {name: pid for name, (_, pid) in stores}
+    stores = [(name, url) for name, (url, _) in stores]
     cells = [("cycle", 50), ("cycle", 1), ("contended", 50)]
-    results = {}
+    # Runs are interleaved (run 1 of every store, then run 2, ...) so that a
+    # slow spell of the machine falls on every store, not on one.
+    runs = {(name, w, c): [] for name, _ in stores for w, c in cells}
+    for workload, clients in cells:
+        for i in range(RUNS):
+            for name, url in stores:
+                print(f"{name}: {workload} x{clients} run {i + 1}/{RUNS} ...", flush=True)
+                runs[(name, workload, clients)].append(bench(url, workload, clients))
+    results = {key: median_of(r) for key, r in runs.items()}
+
+    keep = {}
     for name, url in stores:
-        for workload, clients in cells:
-            print(f"{name}: {workload} x{clients} ...", flush=True)
-            results[(name, workload, clients)] = median_of(url, workload, clients)
+        print(f"{name}: keep {KEEP_LOCKS} locks for {KEEP_SECS} s ...", flush=True)
+        keep[name] = bench(url, "keep", 50, ["--keys", str(KEEP_LOCKS), "--ttl", f"{KEEP_TTL_S}s",
+                                             "--server-pid", str(pids[name])], seconds=KEEP_SECS)
 
     hold = {}
     if HOLD:
@@ -179,7 +197,16 @@ def main():
         rss = open(f"/proc/{lh_proc.pid}/status").read().split("VmRSS:")[1].split()[0]
         hold["rss_after_restart_bytes"] = int(rss) * 1024
 
-    write_results(stores, cells, results, hold)
+    write_results(stores, cells, results, hold, keep)
+
+
+def fmt_keep(r, base):
+    if "error" in r or "server_cpu_share" not in r:
+        return f"| error: {r.get('error', 'no CPU figure')[:80]} | | |"
+    share = r["server_cpu_share"]
+    b = base.get("server_cpu_share") if base else None
+    ratio = f"{share / b:.1f}x" if b else "n/a (below the clock tick)"
+    return f"| {100 * share:.2f}% | {ratio} | {r.get('locks_lost', '?')} of {r.get('locks_held', '?'):,} |"
 
 
 def fmt_cell(r, base):
@@ -189,13 +216,19 @@ def fmt_cell(r, base):
     return f"{r['ops_per_sec']:,.0f}/s, p50 {r['latency_ms']['p50']:.2f} ms, p99 {r['latency_ms']['p99']:.2f} ms ({ratio:.2f}x)"
 
 
-def write_results(stores, cells, results, hold):
+def write_results(stores, cells, results, hold, keep):
     lines = []
     head = "| store | " + " | ".join(f"{w} x{c}" for w, c in cells) + " |"
     lines += [head, "|" + "---|" * (len(cells) + 1)]
     for name, _ in stores:
         row = [fmt_cell(results[(name, w, c)], results[("leaseholdd", w, c)]) for w, c in cells]
         lines.append(f"| {name} | " + " | ".join(row) + " |")
+    lines += ["", f"Keeping {KEEP_LOCKS:,} locks held (50 clients, TTL {KEEP_TTL_S} s, renewed the way each "
+              f"backend's client renews) for {KEEP_SECS} s: the server's CPU over that time, as a share of one core "
+              "(processes below the server's pid included), and locks lost.", "",
+              "| store | server CPU | vs leaseholdd | locks lost |", "|---|---|---|---|"]
+    for name, _ in stores:
+        lines.append(f"| {name} " + fmt_keep(keep.get(name, {"error": "not run"}), keep.get("leaseholdd")))
     spread = max((r.get("spread_pct", 0) for r in results.values() if "error" not in r), default=0)
     table = "\n".join(lines)
     print("\n" + table)
@@ -212,6 +245,7 @@ def write_results(stores, cells, results, hold):
     if hold and "error" not in hold:
         hold_lines = [
             f"hold: {hold['ops']:,} locks on one lease in {hold['seconds']:.1f} s; server RSS {hold.get('server_rss_bytes', 0) / 2**20:.0f} MiB "
+            f"({hold.get('server_rss_bytes', 0) / 1e6:.0f} MB) "
             f"({hold.get('bytes_per_held_lock', 0):.0f} bytes per held lock); restart with them: {hold['restart_seconds']:.1f} s "
             f"(RSS after restart {hold['rss_after_restart_bytes'] / 2**20:.0f} MiB)."
         ]
@@ -225,7 +259,8 @@ def write_results(stores, cells, results, hold):
         if os.path.exists(notes):
             f.write("\n" + open(notes).read())
     with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
-        json.dump({"info": info, "cells": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}, "hold": hold}, f, indent=1)
+        json.dump({"info": info, "cells": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}, "hold": hold,
+                   "keep": keep}, f, indent=1)
     print(f"\nwrote {out}")
 
 

@@ -113,16 +113,16 @@ enum Command {
         /// Concurrent clients, each with its own connection.
         #[arg(long, default_value_t = 50)]
         clients: usize,
-        /// How long to run (cycle, contended, renew).
+        /// How long to run (cycle, contended, renew, keep).
         #[arg(long, default_value = "10s", value_parser = duration)]
         duration: Duration,
-        /// Distinct keys (cycle), leases (renew) or locks to hold (hold).
+        /// Distinct keys (cycle), leases (renew) or locks to hold (hold, keep).
         #[arg(long, default_value_t = 100_000)]
         keys: u64,
         /// Lease TTL.
         #[arg(long, default_value = "30s", value_parser = duration)]
         ttl: Duration,
-        /// The server's pid, to report its CPU and memory.
+        /// The server's pid, to report its CPU (with its child processes) and memory.
         #[arg(long)]
         server_pid: Option<u32>,
         /// Print one JSON object.

@@ -290,3 +290,89 @@ fn the_fencing_demo_shows_the_stale_write_landing_only_without_a_gate() {
         "{text}"
     );
 }
+
+fn bench_json(endpoint: &str, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .args(["--endpoint", endpoint, "bench", "--json", "--clients", "4"])
+        .args(args)
+        .output()
+        .expect("run leasehold bench");
+    assert!(
+        out.status.success(),
+        "bench {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("bench {args:?} printed no JSON ({e}): {text}"))
+}
+
+#[test]
+fn bench_runs_every_workload_and_reports_what_it_measured() {
+    let server = Leaseholdd::start();
+    let pid = server.process.pid().expect("server pid").to_string();
+    let url = server.url();
+    for workload in ["cycle", "contended", "renew"] {
+        let r = bench_json(
+            &url,
+            &[
+                "--workload",
+                workload,
+                "--duration",
+                "1s",
+                "--keys",
+                "20",
+                "--server-pid",
+                &pid,
+            ],
+        );
+        assert!(r["ops"].as_u64().unwrap_or(0) > 0, "{workload}: {r}");
+        assert!(
+            r["latency_ms"]["p50"].as_f64().unwrap_or(0.0) > 0.0,
+            "{workload}: {r}"
+        );
+        assert!(r["server_cpu_seconds"].is_number(), "{workload}: {r}");
+        let errors = r["errors"].as_object().expect("errors");
+        assert!(
+            errors.keys().all(|k| k == "held"),
+            "{workload}: only contention may fail: {r}"
+        );
+    }
+    let hold = bench_json(
+        &url,
+        &["--workload", "hold", "--keys", "500", "--server-pid", &pid],
+    );
+    assert_eq!(hold["ops"], 500, "{hold}");
+    assert!(hold["bytes_per_held_lock"].is_number(), "{hold}");
+}
+
+#[test]
+fn bench_keep_holds_every_lock_through_renewals_on_any_backend() {
+    let server = Leaseholdd::start();
+    let redis = leasehold_testkit::RedisServer::start();
+    for (url, pid) in [
+        (server.url(), server.process.pid()),
+        (redis.url(), redis.process.pid()),
+    ] {
+        let pid = pid.expect("server pid").to_string();
+        // TTL 300 ms for 1.2 s: every lock is renewed about ten times.
+        let r = bench_json(
+            &url,
+            &[
+                "--workload",
+                "keep",
+                "--keys",
+                "200",
+                "--ttl",
+                "300ms",
+                "--duration",
+                "1200ms",
+                "--server-pid",
+                &pid,
+            ],
+        );
+        assert_eq!(r["locks_held"], 200, "{url}: {r}");
+        assert_eq!(r["locks_lost"], 0, "{url}: {r}");
+        assert!(r["server_cpu_share"].is_number(), "{url}: {r}");
+    }
+}

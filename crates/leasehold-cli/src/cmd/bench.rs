@@ -9,6 +9,10 @@
 //!   renewals/s, and server CPU per renewal with `--server-pid`.
 //! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
 //!   reports the server's memory with `--server-pid`.
+//! - `keep`: any backend: `--clients` clients hold `--keys` locks between them
+//!   with `--ttl` for `--duration`, renewed the way each backend's client
+//!   renews them; reports the server's CPU over that time (`--server-pid`,
+//!   counting its child processes too) and how many locks were lost.
 //!
 //! Every client has its own connection (its own `Client`), as separate
 //! processes would.
@@ -31,6 +35,7 @@ pub enum Workload {
     Contended,
     Renew,
     Hold,
+    Keep,
 }
 
 pub struct Args {
@@ -52,11 +57,19 @@ struct Shared {
     stop: AtomicBool,
     /// When the measured phase began (after setup such as granting leases).
     measuring_since: Mutex<Option<Instant>>,
+    /// The server whose CPU is measured, and its CPU seconds when measuring began.
+    server_pid: Option<u32>,
+    cpu_since: Mutex<Option<f64>>,
+    /// When the measured phase ended, and the server's CPU seconds then.
+    measured_until: Mutex<Option<(Instant, Option<f64>)>>,
 }
 
 impl Shared {
-    fn new() -> anyhow::Result<Arc<Shared>> {
+    fn new(server_pid: Option<u32>) -> anyhow::Result<Arc<Shared>> {
         Ok(Arc::new(Shared {
+            server_pid,
+            cpu_since: Mutex::new(server_pid.and_then(cpu_seconds)),
+            measured_until: Mutex::new(None),
             histogram: Mutex::new(
                 Histogram::new_with_bounds(1, 60_000_000, 3).context("histogram")?,
             ),
@@ -108,6 +121,9 @@ async fn run_for(duration: Duration, shared: &Shared, bar: &ProgressBar) {
     if let Ok(mut since) = shared.measuring_since.lock() {
         *since = Some(start);
     }
+    if let Ok(mut cpu) = shared.cpu_since.lock() {
+        *cpu = shared.server_pid.and_then(cpu_seconds);
+    }
     while start.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let ops = shared.ops.load(Ordering::Relaxed);
@@ -118,6 +134,9 @@ async fn run_for(duration: Duration, shared: &Shared, bar: &ProgressBar) {
         ));
     }
     shared.stop.store(true, Ordering::Relaxed);
+    if let Ok(mut until) = shared.measured_until.lock() {
+        *until = Some((Instant::now(), shared.server_pid.and_then(cpu_seconds)));
+    }
 }
 
 async fn connect(endpoint: &str, clients: usize) -> anyhow::Result<Vec<Client>> {
@@ -144,9 +163,8 @@ async fn connect(endpoint: &str, clients: usize) -> anyhow::Result<Vec<Client>> 
 }
 
 pub async fn bench(a: Args) -> anyhow::Result<i32> {
-    let shared = Shared::new()?;
+    let shared = Shared::new(a.server_pid)?;
     let bar = progress(a.duration, a.json);
-    let cpu_before = a.server_pid.and_then(cpu_seconds);
     let started = Instant::now();
     let mut extra = serde_json::Map::new();
     match a.workload {
@@ -154,19 +172,31 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         Workload::Contended => contended(&a, &shared, &bar).await?,
         Workload::Renew => renew(&a, &shared, &bar).await?,
         Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
+        Workload::Keep => keep(&a, &shared, &bar, &mut extra).await?,
     }
+    let cpu_before = shared.cpu_since.lock().ok().and_then(|c| *c);
     let measured_from = shared
         .measuring_since
         .lock()
         .ok()
         .and_then(|s| *s)
         .unwrap_or(started);
-    let elapsed = measured_from.elapsed();
+    let (until, cpu_after) = shared
+        .measured_until
+        .lock()
+        .ok()
+        .and_then(|u| *u)
+        .unwrap_or_else(|| (Instant::now(), a.server_pid.and_then(cpu_seconds)));
+    let elapsed = until.duration_since(measured_from);
     bar.finish_and_clear();
     if let (Some(pid), Some(before)) = (a.server_pid, cpu_before) {
-        if let Some(after) = cpu_seconds(pid) {
+        if let Some(after) = cpu_after {
             let ops = shared.ops.load(Ordering::Relaxed).max(1);
             extra.insert("server_cpu_seconds".into(), json!(after - before));
+            extra.insert(
+                "server_cpu_share".into(),
+                json!((after - before) / elapsed.as_secs_f64()),
+            );
             extra.insert(
                 "server_cpu_us_per_op".into(),
                 json!((after - before) * 1e6 / ops as f64),
@@ -254,6 +284,64 @@ async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow:
     }
     run_for(a.duration, shared, bar).await;
     for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
+
+/// Holds `--keys` locks across the clients for `--duration`. ops = locks
+/// still held at the end; the figure that matters is the server's CPU.
+async fn keep(
+    a: &Args,
+    shared: &Arc<Shared>,
+    bar: &ProgressBar,
+    extra: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<()> {
+    let clients = connect(&a.endpoint, a.clients).await?;
+    let per_client = (a.keys as usize).div_ceil(a.clients.max(1));
+    let run = rand::random::<u32>();
+    let opts = LockOptions::default().ttl(a.ttl);
+    let mut taking = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let (shared, opts) = (shared.clone(), opts.clone());
+        taking.push(tokio::spawn(async move {
+            let mut leases = Vec::with_capacity(per_client);
+            for j in 0..per_client {
+                match client
+                    .try_acquire(&format!("bench/keep/{run:x}/{i}/{j}"), opts.clone())
+                    .await
+                {
+                    Ok(lease) => leases.push(lease),
+                    Err(e) => shared.error(&e),
+                }
+            }
+            (client, leases)
+        }));
+    }
+    let mut held = Vec::new();
+    for t in taking {
+        held.push(t.await?);
+    }
+    let taken: usize = held.iter().map(|(_, l)| l.len()).sum();
+    run_for(a.duration, shared, bar).await;
+    let live = held
+        .iter()
+        .flat_map(|(_, leases)| leases)
+        .filter(|l| l.is_live())
+        .count();
+    shared.ops.store(live as u64, Ordering::Relaxed);
+    extra.insert("locks_held".into(), json!(taken));
+    extra.insert("locks_lost".into(), json!(taken - live));
+    let mut releasing = Vec::new();
+    for (client, leases) in held {
+        releasing.push(tokio::spawn(async move {
+            for lease in leases {
+                let _ = lease.release().await;
+            }
+            client.close().await;
+        }));
+    }
+    for t in releasing {
         t.await?;
     }
     Ok(())
@@ -403,14 +491,54 @@ async fn hold(
     Ok(())
 }
 
-/// utime + stime of a process, in seconds.
+/// CPU seconds (user + system) of a process and every process below it, so
+/// that a server made of several processes (PostgreSQL's backends) counts
+/// whole. Children that already exited count through the parent's
+/// cutime/cstime.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // (pid, parent pid, own ticks, waited-for children's ticks) of every process.
+    let mut table = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        // After the state: ppid is field 0; utime, stime, cutime, cstime are 10..=13.
+        if f.len() > 13 {
+            table.push((p, f[0] as u32, f[10] + f[11], f[12] + f[13]));
+        }
+    }
+    let mut ticks = 0;
+    let mut found = false;
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for &(child, parent, own, reaped) in &table {
+            if child == p {
+                found = true;
+                ticks += own + reaped;
+            }
+            if parent == p {
+                frontier.push(child);
+            }
+        }
+    }
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some(ticks / hz)
+    found.then(|| ticks as f64 / hz)
 }
 
 /// Resident memory of a process, in bytes.
