@@ -41,6 +41,31 @@ async fn contention_fencing_and_checkpoints() {
     assert_eq!(lb.checkpoint(), Some(&b"item 17"[..]));
 }
 
+/// What crosses the wire as JSON comes back exact: a holder name that looks
+/// like a number, and checkpoint bytes that are not text.
+#[tokio::test]
+async fn numeric_holders_and_binary_checkpoints_survive_the_wire() {
+    let server = Leaseholdd::start();
+    let a = Client::builder(&server.url())
+        .holder("42")
+        .connect()
+        .await
+        .unwrap();
+    let b = Client::connect(&server.url()).await.unwrap();
+    let la = a.try_acquire("bin", opts(5_000)).await.unwrap();
+    match b.try_acquire("bin", opts(5_000)).await {
+        Err(Error::Held { holder, fence, .. }) => {
+            assert_eq!((holder.as_str(), fence), ("42", la.fence()))
+        }
+        other => panic!("expected Held, got {:?}", other.map(|l| l.fence())),
+    }
+    let bytes = [0u8, 255, 1, b'"', b'\\', 0xc3];
+    la.save_checkpoint(&bytes).await.unwrap();
+    la.release().await.unwrap();
+    let lb = b.try_acquire("bin", opts(5_000)).await.unwrap();
+    assert_eq!(lb.checkpoint(), Some(&bytes[..]));
+}
+
 #[tokio::test]
 async fn acquire_waits_in_the_queue_and_gets_a_higher_token() {
     let server = Leaseholdd::start();
