@@ -93,16 +93,6 @@ fn load_snapshot(path: &Path) -> io::Result<Option<(SnapshotMeta<NodeId, Node>, 
     Ok(Some((meta, table)))
 }
 
-/// Hands memory freed after a snapshot (the table copy's many small
-/// allocations) back to the operating system; glibc would otherwise keep it.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free heap pages to the kernel.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 #[derive(Clone)]
 pub struct StateMachine {
     pub(crate) shared: Arc<Shared>,
@@ -142,31 +132,30 @@ impl StateMachine {
     }
 }
 
-/// Builds a snapshot from a copy of the table taken when the builder was made,
-/// so the apply path is held up only for the copy, not the serialization.
+/// Builds a snapshot from the table as it was when the builder was made.
+///
+/// The table is serialized while the apply path waits (a million locks take
+/// tens of milliseconds), rather than cloned: a clone of a big table is as
+/// slow to make and leaves the allocator with a heap of freed small blocks
+/// after every snapshot (measured: ~60 bytes per held lock of resident memory
+/// that never went back), where the serialized bytes are one buffer.
 pub struct Builder {
-    copy: Option<Applied>,
+    parts: Option<io::Result<SnapshotParts>>,
     path: PathBuf,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let applied = self.copy.take().unwrap_or_default();
+        let parts = self
+            .parts
+            .take()
+            .unwrap_or_else(|| Err(io_err("this snapshot was already built")));
         let path = self.path.clone();
-        let result = tokio::task::spawn_blocking(
-            move || -> io::Result<(SnapshotMeta<NodeId, Node>, Vec<u8>)> {
-                let data = bincode::serialize(&applied.table).map_err(io_err)?;
-                let meta = SnapshotMeta {
-                    last_log_id: applied.last_applied,
-                    last_membership: applied.membership.clone(),
-                    snapshot_id: format!("{}", applied.last_applied.map_or(0, |l| l.index)),
-                };
-                drop(applied);
-                write_snapshot(&path, &meta, &data)?;
-                release_freed_memory();
-                Ok((meta, data))
-            },
-        )
+        let result = tokio::task::spawn_blocking(move || -> io::Result<SnapshotParts> {
+            let (meta, data) = parts?;
+            write_snapshot(&path, &meta, &data)?;
+            Ok((meta, data))
+        })
         .await
         .map_err(io_err)
         .and_then(|r| r)
@@ -241,12 +230,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.shared
             .snapshot_requested
             .store(false, Ordering::Relaxed);
+        let parts = bincode::serialize(&applied.table)
+            .map_err(io_err)
+            .map(|data| {
+                let meta = SnapshotMeta {
+                    last_log_id: applied.last_applied,
+                    last_membership: applied.membership.clone(),
+                    snapshot_id: format!("{}", applied.last_applied.map_or(0, |l| l.index)),
+                };
+                (meta, data)
+            });
         Builder {
-            copy: Some(Applied {
-                table: applied.table.clone(),
-                last_applied: applied.last_applied,
-                membership: applied.membership.clone(),
-            }),
+            parts: Some(parts),
             path: self.shared.snapshot_path.clone(),
         }
     }
