@@ -21,6 +21,7 @@ use std::ops::RangeBounds;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -53,11 +54,19 @@ enum RecordRef<'a> {
     Purge(LogId<NodeId>),
 }
 
-/// What the log holds in memory: every entry not yet purged.
+/// Applied entries kept in memory below the newest applied one; older ones
+/// are read back from disk if ever asked for.
+const APPLIED_KEPT_IN_MEMORY: u64 = 64;
+
+/// What the log holds in memory: every entry not yet purged, except applied
+/// ones below `memory_floor`, which are only on disk. (Between snapshots a
+/// busy server appends ~100k commands; keeping them all cost ~10 MiB.)
 #[derive(Default)]
 struct Entries {
     entries: BTreeMap<u64, Entry<TypeConfig>>,
     last_purged: Option<LogId<NodeId>>,
+    /// Entries below this index (and above `last_purged`) are on disk only.
+    memory_floor: u64,
 }
 
 /// The Raft log store. Cheap to clone; clones share one log.
@@ -66,6 +75,9 @@ pub struct LogStore {
     entries: Arc<Mutex<Entries>>,
     writer: mpsc::Sender<Job>,
     vote_path: PathBuf,
+    log_dir: PathBuf,
+    /// The highest index the state machine has applied (0: none yet).
+    applied: Arc<AtomicU64>,
 }
 
 enum Job {
@@ -201,7 +213,7 @@ impl LogStore {
             }
         };
         let writer = Writer {
-            dir: log_dir,
+            dir: log_dir.clone(),
             file,
             number,
             size,
@@ -216,7 +228,57 @@ impl LogStore {
             entries: Arc::new(Mutex::new(state)),
             writer: tx,
             vote_path: dir.join("vote"),
+            log_dir,
+            applied: Arc::new(AtomicU64::new(0)),
         })
+    }
+
+    /// How many entries the log holds in memory.
+    #[cfg(test)]
+    pub fn entries_in_memory(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Where the state machine reports the highest index it has applied, so
+    /// that applied entries can leave memory.
+    pub fn applied_index(&self) -> Arc<AtomicU64> {
+        self.applied.clone()
+    }
+
+    /// Reads the entries of `range` from the segment files, for the rare
+    /// reader that wants applied entries no longer in memory.
+    fn read_from_disk(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry<TypeConfig>>> {
+        let mut numbers: Vec<u64> = fs::read_dir(&self.log_dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
+            .collect();
+        numbers.sort_unstable();
+        let mut found = BTreeMap::new();
+        for (i, &number) in numbers.iter().enumerate() {
+            let replayed = replay_segment(
+                &segment_path(&self.log_dir, number),
+                i + 1 == numbers.len(),
+                |record| match record {
+                    Record::Entry(entry) if range.contains(&entry.log_id.index) => {
+                        found.insert(entry.log_id.index, entry);
+                    }
+                    Record::Entry(_) => {}
+                    Record::Truncate(since) => {
+                        found.split_off(&since);
+                    }
+                    Record::Purge(log_id) => {
+                        found = found.split_off(&(log_id.index + 1));
+                    }
+                },
+            );
+            match replayed {
+                Ok(_) => {}
+                // Purged (deleted) while we listed: its entries are gone anyway.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(found.into_values().collect())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -402,12 +464,33 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
-        Ok(self
-            .lock()
-            .entries
-            .range(range)
-            .map(|(_, e)| e.clone())
-            .collect())
+        let (from_memory, floor) = {
+            let state = self.lock();
+            let entries: Vec<_> = state
+                .entries
+                .range(range.clone())
+                .map(|(_, e)| e.clone())
+                .collect();
+            (entries, state.memory_floor)
+        };
+        let starts_below_floor = match range.start_bound() {
+            std::ops::Bound::Included(&i) => i < floor,
+            std::ops::Bound::Excluded(&i) => i.saturating_add(1) < floor,
+            std::ops::Bound::Unbounded => floor > 0,
+        };
+        if !starts_below_floor {
+            return Ok(from_memory);
+        }
+        let below = (
+            range.start_bound().cloned(),
+            std::ops::Bound::Excluded(floor),
+        );
+        let mut entries = self
+            .read_from_disk(below)
+            .map_err(|e| StorageError::from(StorageIOError::read_logs(any(e))))?;
+        entries.retain(|e| range.contains(&e.log_id.index));
+        entries.extend(from_memory.into_iter().filter(|e| e.log_id.index >= floor));
+        Ok(entries)
     }
 }
 
@@ -461,6 +544,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 encode(&RecordRef::Entry(&entry), &mut bytes).map_err(write_error)?;
                 last_index = Some(entry.log_id.index);
                 state.entries.insert(entry.log_id.index, entry);
+            }
+            // Applied entries are durable and in the state machine: let all
+            // but the newest few leave memory.
+            let floor = self
+                .applied
+                .load(Ordering::Relaxed)
+                .saturating_sub(APPLIED_KEPT_IN_MEMORY);
+            if floor > state.memory_floor
+                && state
+                    .entries
+                    .first_key_value()
+                    .is_some_and(|(&i, _)| i < floor)
+            {
+                state.entries = state.entries.split_off(&floor);
+                state.memory_floor = floor;
             }
         }
         self.send(Job::Write {

@@ -148,7 +148,7 @@ impl Consensus {
             .with_context(|| format!("create data dir {}", dir.display()))?;
         let log =
             LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
-        let sm = StateMachine::open(dir, hub, options.snapshot_every)
+        let sm = StateMachine::open(dir, hub, options.snapshot_every, log.applied_index())
             .with_context(|| format!("open snapshot in {}", dir.display()))?;
         let shared = sm.shared.clone();
         let config = Config {
@@ -446,8 +446,13 @@ mod storage_tests {
         ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<NodeId>> {
             let dir = tempfile::tempdir().expect("tempdir");
             let log = LogStore::open(dir.path()).expect("open log");
-            let sm = StateMachine::open(dir.path(), Arc::new(Hub::default()), 1_000)
-                .expect("open state machine");
+            let sm = StateMachine::open(
+                dir.path(),
+                Arc::new(Hub::default()),
+                1_000,
+                log.applied_index(),
+            )
+            .expect("open state machine");
             Ok((dir, log, sm))
         }
     }
@@ -613,6 +618,33 @@ mod storage_tests {
         drop(log);
         let mut log = LogStore::open(dir.path()).expect("reopen again");
         assert_eq!(indexes(&mut log).await, (281..=302).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn applied_entries_leave_memory_and_are_read_back_from_disk() {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = LogStore::open(dir.path()).expect("open");
+        append(&mut log, (1..=200).map(blank).collect()).await;
+        log.truncate(*blank(190).get_log_id()).await.unwrap();
+        log.purge(*blank(5).get_log_id()).await.unwrap();
+        log.applied_index().store(180, Ordering::Relaxed);
+        append(&mut log, (190..=210).map(blank).collect()).await;
+        let in_memory = log.entries_in_memory();
+        assert!(
+            in_memory < 100,
+            "applied entries stay in memory: {in_memory}"
+        );
+        // Every entry not purged is still there, from disk or from memory,
+        // with the truncation and the purge applied.
+        assert_eq!(indexes(&mut log).await, (6..=210).collect::<Vec<_>>());
+        let some = log.try_get_log_entries(10..20).await.unwrap();
+        assert_eq!(
+            some.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            (10..20).collect::<Vec<_>>()
+        );
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(210));
     }
 
     #[tokio::test]

@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     snapshot_requested: AtomicBool,
     /// Signalled when `snapshot_every` commands have been applied.
     pub snapshot_due: Notify,
+    /// The last applied index, for the log store (applied entries leave its memory).
+    applied_index: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -108,7 +110,12 @@ fn any(e: io::Error) -> openraft::AnyError {
 
 impl StateMachine {
     /// Opens the state machine, restoring the last snapshot under `dir` if any.
-    pub fn open(dir: &Path, hub: Arc<Hub>, snapshot_every: u64) -> io::Result<StateMachine> {
+    pub fn open(
+        dir: &Path,
+        hub: Arc<Hub>,
+        snapshot_every: u64,
+        applied_index: Arc<AtomicU64>,
+    ) -> io::Result<StateMachine> {
         let snapshot_path = dir.join("snapshot");
         let applied = match load_snapshot(&snapshot_path)? {
             Some((meta, table)) => Applied {
@@ -118,6 +125,10 @@ impl StateMachine {
             },
             None => Applied::default(),
         };
+        applied_index.store(
+            applied.last_applied.map_or(0, |l| l.index),
+            Ordering::Relaxed,
+        );
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 applied: Mutex::new(applied),
@@ -127,6 +138,7 @@ impl StateMachine {
                 snapshot_every: snapshot_every.max(1),
                 snapshot_requested: AtomicBool::new(false),
                 snapshot_due: Notify::new(),
+                applied_index,
             }),
         })
     }
@@ -207,6 +219,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 };
                 outcomes.push(answers);
             }
+            if let Some(last) = applied.last_applied {
+                self.shared
+                    .applied_index
+                    .store(last.index, Ordering::Relaxed);
+            }
         }
         self.shared.hub.publish(&events);
         self.shared.hub.applied.notify_one();
@@ -266,6 +283,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         applied.table = table;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
+        self.shared
+            .applied_index
+            .store(meta.last_log_id.map_or(0, |l| l.index), Ordering::Relaxed);
         Ok(())
     }
 
