@@ -368,7 +368,17 @@ impl Backend for Leaseholdd {
         let mut attempt = 0;
         let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
         loop {
-            let session = self.session(opts.ttl, holder).await?;
+            let session = match self.session(opts.ttl, holder).await {
+                Ok(s) => s,
+                // E.g. a pooled connection the restarted server had closed.
+                // A retried grant may leave a lease behind; it expires.
+                Err(Error::Unavailable(_)) if attempt + 1 < ATTEMPTS => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let granted = if wait_ms == 0 {
                 let body = AcquireBody {
                     key,
