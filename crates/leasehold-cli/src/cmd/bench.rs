@@ -139,6 +139,20 @@ async fn run_for(duration: Duration, shared: &Shared, bar: &ProgressBar) {
     }
 }
 
+/// Runs the clock for `duration`, then waits for the client tasks to stop.
+async fn run_then_join(
+    duration: Duration,
+    shared: &Shared,
+    bar: &ProgressBar,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<()> {
+    run_for(duration, shared, bar).await;
+    for t in tasks {
+        t.await?;
+    }
+    Ok(())
+}
+
 async fn connect(endpoint: &str, clients: usize) -> anyhow::Result<Vec<Client>> {
     let mut out = Vec::with_capacity(clients);
     for i in 0..clients {
@@ -239,11 +253,7 @@ async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Res
             client.close().await;
         }));
     }
-    run_for(a.duration, shared, bar).await;
-    for t in tasks {
-        t.await?;
-    }
-    Ok(())
+    run_then_join(a.duration, shared, bar, tasks).await
 }
 
 async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
@@ -282,11 +292,7 @@ async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow:
             client.close().await;
         }));
     }
-    run_for(a.duration, shared, bar).await;
-    for t in tasks {
-        t.await?;
-    }
-    Ok(())
+    run_then_join(a.duration, shared, bar, tasks).await
 }
 
 /// Holds `--keys` locks across the clients for `--duration`. ops = locks
@@ -398,11 +404,7 @@ async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Res
             shared.record(&mut local);
         }));
     }
-    run_for(a.duration, shared, bar).await;
-    for t in tasks {
-        t.await?;
-    }
-    Ok(())
+    run_then_join(a.duration, shared, bar, tasks).await
 }
 
 async fn hold(

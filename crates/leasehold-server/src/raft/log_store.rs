@@ -114,6 +114,41 @@ fn segment_path(dir: &Path, number: u64) -> PathBuf {
     dir.join(format!("{number:020}.seg"))
 }
 
+/// The numbers of the segment files in `dir`, in order.
+fn segment_numbers(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut numbers: Vec<u64> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
+        .collect();
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// Applies one record to `entries`, keeping only entries whose index is
+/// `wanted`. Returns the log id of a purge.
+fn replay_into(
+    entries: &mut BTreeMap<u64, Entry<TypeConfig>>,
+    record: Record,
+    wanted: impl Fn(u64) -> bool,
+) -> Option<LogId<NodeId>> {
+    match record {
+        Record::Entry(entry) => {
+            if wanted(entry.log_id.index) {
+                entries.insert(entry.log_id.index, entry);
+            }
+            None
+        }
+        Record::Truncate(since) => {
+            entries.split_off(&since);
+            None
+        }
+        Record::Purge(log_id) => {
+            *entries = entries.split_off(&(log_id.index + 1));
+            Some(log_id)
+        }
+    }
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -148,12 +183,7 @@ impl LogStore {
     pub fn open(dir: &Path) -> io::Result<LogStore> {
         let log_dir = dir.join("log");
         fs::create_dir_all(&log_dir)?;
-        let mut numbers: Vec<u64> = fs::read_dir(&log_dir)?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
-            .collect();
-        numbers.sort_unstable();
-
+        let numbers = segment_numbers(&log_dir)?;
         let mut state = Entries::default();
         // (segment number, highest entry index written to it, bytes of records)
         let mut segments: Vec<(u64, u64, u64)> = Vec::new();
@@ -161,17 +191,12 @@ impl LogStore {
             let path = segment_path(&log_dir, number);
             let is_last = i + 1 == numbers.len();
             let mut highest = 0;
-            let replayed = replay_segment(&path, is_last, |record| match record {
-                Record::Entry(entry) => {
+            let replayed = replay_segment(&path, is_last, |record| {
+                if let Record::Entry(entry) = &record {
                     highest = highest.max(entry.log_id.index);
-                    state.entries.insert(entry.log_id.index, entry);
                 }
-                Record::Truncate(since) => {
-                    state.entries.split_off(&since);
-                }
-                Record::Purge(log_id) => {
-                    state.entries = state.entries.split_off(&(log_id.index + 1));
-                    state.last_purged = Some(log_id);
+                if let Some(purged) = replay_into(&mut state.entries, record, |_| true) {
+                    state.last_purged = Some(purged);
                 }
             })?;
             if is_last {
@@ -248,27 +273,14 @@ impl LogStore {
     /// Reads the entries of `range` from the segment files, for the rare
     /// reader that wants applied entries no longer in memory.
     fn read_from_disk(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry<TypeConfig>>> {
-        let mut numbers: Vec<u64> = fs::read_dir(&self.log_dir)?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
-            .collect();
-        numbers.sort_unstable();
+        let numbers = segment_numbers(&self.log_dir)?;
         let mut found = BTreeMap::new();
         for (i, &number) in numbers.iter().enumerate() {
             let replayed = replay_segment(
                 &segment_path(&self.log_dir, number),
                 i + 1 == numbers.len(),
-                |record| match record {
-                    Record::Entry(entry) if range.contains(&entry.log_id.index) => {
-                        found.insert(entry.log_id.index, entry);
-                    }
-                    Record::Entry(_) => {}
-                    Record::Truncate(since) => {
-                        found.split_off(&since);
-                    }
-                    Record::Purge(log_id) => {
-                        found = found.split_off(&(log_id.index + 1));
-                    }
+                |record| {
+                    replay_into(&mut found, record, |index| range.contains(&index));
                 },
             );
             match replayed {
