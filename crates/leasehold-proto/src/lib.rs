@@ -1,10 +1,13 @@
-//! Generated types for the Leasehold gRPC API.
+//! Generated types for the Leasehold gRPC API, and the [`frame`]d protocol
+//! that carries the same messages without HTTP.
 //!
 //! The contract lives in `proto/leasehold.proto` at the repository root so that
 //! clients in other languages can be generated from the same file.
-#![allow(clippy::all, missing_docs)]
+
+pub mod frame;
 
 /// Version 1 of the API: package `leasehold.v1`.
+#[allow(clippy::all, missing_docs)]
 pub mod v1 {
     tonic::include_proto!("leasehold.v1");
 }

@@ -2,16 +2,22 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::hub::Hub;
 use crate::raft::{Consensus, RaftOptions};
 use crate::service::LockService;
 
 /// How long in-flight requests get to finish after a shutdown signal.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Where a server keeps its data and how it runs.
 #[derive(Debug, Clone)]
@@ -37,39 +43,92 @@ pub async fn run(
     )
     .await
     .context("start consensus")?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
     let mut stop_driver = stop_rx.clone();
     let driver = tokio::spawn(crate::expiry::run(consensus.clone(), async move {
         let _ = stop_driver.wait_for(|s| *s).await;
     }));
 
-    let app = crate::api::router(LockService::new(consensus.clone()));
-    tracing::info!(%addr, data_dir = %config.data_dir.display(), "serving gRPC and HTTP");
-    let (signal_tx, mut signal_rx) = tokio::sync::watch::channel(false);
+    let service = LockService::new(consensus.clone());
+    let app = crate::api::router(service.clone());
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), "serving gRPC, HTTP and frames");
+    let (signal_tx, signal_rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down");
         let _ = signal_tx.send(true);
     });
-    let mut graceful = signal_rx.clone();
-    // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
-    // hold a response back until the client's delayed ACK.
-    let serve = axum::serve(listener, app)
-        .tcp_nodelay(true)
-        .with_graceful_shutdown(async move {
-            let _ = graceful.wait_for(|s| *s).await;
-        });
-    // Open connections (watch streams, idle keep-alive clients) must not keep
-    // the process alive: after a grace period, stop serving regardless.
-    let result = tokio::select! {
-        r = serve => r.context("serve"),
-        _ = async {
-            let _ = signal_rx.wait_for(|s| *s).await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => Ok(()),
-    };
+
+    let mut connections = JoinSet::new();
+    let mut stopping = signal_rx.clone();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(connection(stream, app.clone(), service.clone(), signal_rx.clone()));
+                }
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stopped(&mut stopping) => break,
+        }
+        while connections.try_join_next().is_some() {}
+    }
+    drop(listener);
+    // Connections finish what they are doing; open ones (watch streams, idle
+    // keep-alive clients) must not keep the process alive past the grace.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        connections.shutdown().await;
+    }
     let _ = stop_tx.send(true);
     let _ = driver.await;
     consensus.shutdown().await;
-    result
+    Ok(())
+}
+
+/// Resolves once the shutdown signal is up (at once if it already is).
+pub(crate) async fn stopped(signal: &mut watch::Receiver<bool>) {
+    let _ = signal.wait_for(|s| *s).await;
+}
+
+/// Serves one connection: the framed protocol if its first byte is the
+/// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise.
+async fn connection(
+    stream: TcpStream,
+    app: axum::Router,
+    service: LockService,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
+    // hold a response back until the client's delayed ACK.
+    let _ = stream.set_nodelay(true);
+    let mut first = [0u8; 1];
+    tokio::select! {
+        peeked = stream.peek(&mut first) => match peeked {
+            Ok(1..) => {}
+            _ => return,
+        },
+        _ = stopped(&mut stop) => return,
+    }
+    if first[0] == leasehold_proto::frame::PREAMBLE[0] {
+        return crate::api::frames::serve(stream, service, stop).await;
+    }
+    let http = auto::Builder::new(TokioExecutor::new());
+    let conn =
+        http.serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(app));
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = stopped(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
 }

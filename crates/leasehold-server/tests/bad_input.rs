@@ -1,4 +1,5 @@
-//! Bad input gets a clear, typed error and changes nothing, over gRPC and HTTP.
+//! Bad input gets a clear, typed error and changes nothing, over gRPC, HTTP
+//! and the framed protocol.
 
 mod common;
 
@@ -407,4 +408,98 @@ async fn http_rejects_bad_input_with_typed_errors() {
         );
     }
     assert_eq!(state(&server).await, before, "bad input changed state");
+}
+
+#[tokio::test]
+async fn frames_reject_bad_input_with_typed_errors() {
+    use leasehold_proto::frame::{Frame, Op, PREAMBLE};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let server = Leaseholdd::start();
+    let mut c = common::grpc(&server).await;
+    let lease = common::lease(&mut c, 60_000, "holder").await;
+    let fence = common::take(&mut c, lease, "held").await;
+    let before = state(&server).await;
+
+    let mut f = common::RawFrames::connect(&server).await;
+    let acquire = |key: &str, wait_ms| pb::AcquireRequest {
+        lease_id: lease,
+        key: key.into(),
+        wait_ms,
+        ..Default::default()
+    };
+    let cases = vec![
+        (
+            "not protobuf",
+            Frame {
+                id: 1,
+                tag: Op::Release as u8,
+                body: bytes::Bytes::from_static(b"\xff\xff\xff\xff"),
+            },
+        ),
+        (
+            "unknown operation",
+            Frame {
+                id: 2,
+                tag: 99,
+                body: bytes::Bytes::new(),
+            },
+        ),
+        (
+            "a wait, which needs a stream to withdraw",
+            Frame::new(3, Op::Acquire as u8, &acquire("free", 1000)),
+        ),
+        (
+            "empty key",
+            Frame::new(4, Op::Acquire as u8, &acquire("", 0)),
+        ),
+        (
+            "TTL out of range",
+            Frame::new(
+                5,
+                Op::Grant as u8,
+                &pb::GrantRequest {
+                    ttl_ms: 1,
+                    holder: String::new(),
+                },
+            ),
+        ),
+    ];
+    let n = cases.len();
+    f.send(cases.iter().map(|(_, frame)| frame.clone()).collect())
+        .await;
+    let replies = f.replies(n).await;
+    for (what, frame) in &cases {
+        let e = common::frame_error(&replies[&frame.id]);
+        assert_eq!(e.code, "invalid_argument", "{what}: {e:?}");
+        assert!(!e.message.is_empty(), "{what}");
+    }
+    // A stale release is refused with both tokens.
+    let stale = pb::ReleaseRequest {
+        key: "held".into(),
+        fence: fence - 1,
+        request_id: 0,
+    };
+    f.send(vec![Frame::new(9, Op::Release as u8, &stale)]).await;
+    let e = common::frame_error(&f.replies(1).await[&9]);
+    assert_eq!(e.code, "stale_fence");
+    assert_eq!(e.details["current-fence"], fence.to_string());
+
+    // A frame longer than the limit closes that connection only.
+    f.write.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    assert!(f.next().await.is_none(), "connection must close");
+    // So does a wrong preamble.
+    let addr = server.url().trim_start_matches("http://").to_string();
+    let mut wrong = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut bad = *PREAMBLE;
+    bad[7] = b'9';
+    wrong.write_all(&bad).await.unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(wrong.read(&mut buf).await.unwrap_or(0), 0);
+
+    assert_eq!(state(&server).await, before);
+    assert_eq!(
+        common::describe(&mut c, "held").await.holder.unwrap().fence,
+        fence
+    );
 }

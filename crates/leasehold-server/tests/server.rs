@@ -407,3 +407,65 @@ async fn http_walkthrough_acquire_renew_release() {
         .unwrap();
     assert!(r.contains("leasehold_locks_held 0"), "{r}");
 }
+
+#[tokio::test]
+async fn the_framed_protocol_answers_pipelined_calls_by_id() {
+    use leasehold_proto::frame::{Frame, Op};
+    let server = Leaseholdd::start();
+    let mut a = common::RawFrames::connect(&server).await;
+    let grant = |holder: &str| pb::GrantRequest {
+        ttl_ms: 10_000,
+        holder: holder.into(),
+    };
+    a.send(vec![
+        Frame::new(7, Op::Grant as u8, &grant("host-a/pid-1")),
+        Frame::new(8, Op::Grant as u8, &grant("host-b/pid-2")),
+    ])
+    .await;
+    let granted = a.replies(2).await;
+    let lease = common::frame_ok::<pb::GrantResponse>(&granted[&7]).lease_id;
+    let other = common::frame_ok::<pb::GrantResponse>(&granted[&8]).lease_id;
+
+    // Three acquires in one write: two keys, then the first key again under
+    // another lease.
+    a.send(vec![
+        Frame::new(1, Op::Acquire as u8, &acquire(lease, "one", 0)),
+        Frame::new(2, Op::Acquire as u8, &acquire(lease, "two", 0)),
+        Frame::new(3, Op::Acquire as u8, &acquire(other, "one", 0)),
+    ])
+    .await;
+    let replies = a.replies(3).await;
+    let two = common::frame_ok::<pb::AcquireResponse>(&replies[&2]).fence;
+    // The calls run concurrently: whichever of 1 and 3 came first holds "one",
+    // and the other is told who.
+    let (won, lost, winner) = match replies[&1].tag {
+        leasehold_proto::frame::REPLY_OK => (1, 3, "host-a/pid-1"),
+        _ => (3, 1, "host-b/pid-2"),
+    };
+    let one = common::frame_ok::<pb::AcquireResponse>(&replies[&won]).fence;
+    assert_ne!(one, two);
+    let held = common::frame_error(&replies[&lost]);
+    assert_eq!(held.code, "held");
+    assert_eq!(held.details["holder"], winner);
+    assert_eq!(held.details["fence"], one.to_string());
+
+    // Another connection sees the same table, and a release frees the key.
+    let mut b = common::RawFrames::connect(&server).await;
+    let release = pb::ReleaseRequest {
+        key: "one".into(),
+        fence: one,
+        request_id: 0,
+    };
+    b.send(vec![Frame::new(1, Op::Release as u8, &release)])
+        .await;
+    common::frame_ok::<pb::ReleaseResponse>(&b.replies(1).await[&1]);
+    let mut c = common::grpc(&server).await;
+    assert!(common::describe(&mut c, "one").await.holder.is_none());
+    assert_eq!(
+        common::describe(&mut c, "two")
+            .await
+            .holder
+            .map(|h| h.fence),
+        Some(two)
+    );
+}

@@ -41,8 +41,8 @@ async fn contention_fencing_and_checkpoints() {
     assert_eq!(lb.checkpoint(), Some(&b"item 17"[..]));
 }
 
-/// What crosses the wire as JSON comes back exact: a holder name that looks
-/// like a number, and checkpoint bytes that are not text.
+/// What crosses the wire comes back exact: a holder name that looks like a
+/// number, and checkpoint bytes that are not text.
 #[tokio::test]
 async fn numeric_holders_and_binary_checkpoints_survive_the_wire() {
     let server = Leaseholdd::start();
@@ -226,6 +226,46 @@ async fn a_server_restart_never_leaves_two_holders() {
         "with a 5 s TTL and a quick restart, the lease should survive: {}",
         la.lost_reason()
     );
+    // The same client goes on working over a new connection.
+    la.release().await.unwrap();
+    let again = a.try_acquire("k2", opts(5_000)).await.unwrap();
+    again.release().await.unwrap();
+}
+
+/// Many tasks on one client share its connection: every call gets its own
+/// answer, none is lost or crossed with another.
+#[tokio::test]
+async fn concurrent_calls_on_one_client_each_get_their_own_answer() {
+    let server = Leaseholdd::start();
+    let client = std::sync::Arc::new(Client::connect(&server.url()).await.unwrap());
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let lock = client
+                    .try_acquire(&format!("k{i}"), opts(10_000))
+                    .await
+                    .unwrap();
+                let fence = lock.fence().unwrap();
+                lock.release().await.unwrap();
+                fence
+            })
+        })
+        .collect();
+    let mut fences = std::collections::HashSet::new();
+    for t in tasks {
+        assert!(
+            fences.insert(t.await.unwrap()),
+            "a fencing token given twice"
+        );
+    }
+    assert_eq!(fences.len(), 200);
+    assert!(client
+        .status("")
+        .await
+        .unwrap()
+        .iter()
+        .all(|l| l.fence.is_none()));
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

@@ -16,11 +16,14 @@
 //! gRPC statuses carry the code in the `leasehold-code` metadata entry, plus
 //! `leasehold-holder`, `leasehold-lease` and `leasehold-fence` for `held`,
 //! `leasehold-current-fence` for `stale_fence`, and `leasehold-leader` for
-//! `not_leader`. HTTP bodies are `{"error": {"code", "message", ...}}`.
+//! `not_leader`. HTTP bodies are `{"error": {"code", "message", ...}}`. The
+//! framed protocol sends an `ErrorReply` with the code, the message and the
+//! same details by their names without the `leasehold-` prefix.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use leasehold_core::LockError;
+use leasehold_proto::v1 as pb;
 use serde_json::json;
 use tonic::metadata::MetadataValue;
 
@@ -79,6 +82,19 @@ fn details(e: &ApiError) -> Vec<(&'static str, String)> {
             vec![("leader", l.clone())]
         }
         _ => Vec::new(),
+    }
+}
+
+impl From<ApiError> for pb::ErrorReply {
+    fn from(e: ApiError) -> Self {
+        pb::ErrorReply {
+            code: e.code().to_string(),
+            message: e.to_string(),
+            details: details(&e)
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+        }
     }
 }
 

@@ -8,7 +8,8 @@ use leasehold_proto::v1 as pb;
 use pb::leasehold_server::{Leasehold, LeaseholdServer};
 use tonic::{Request, Response, Status};
 
-use crate::service::{AcquireArgs, LockService};
+use super::calls;
+use crate::service::{ApiError, LockService};
 
 /// The tonic service over `service`.
 pub fn server(service: LockService) -> LeaseholdServer<Grpc> {
@@ -59,6 +60,12 @@ fn lease_info(v: LeaseView) -> pb::LeaseInfo {
     }
 }
 
+/// The generated trait's return type, large error and all.
+#[allow(clippy::result_large_err)]
+fn reply<T>(result: Result<T, ApiError>) -> Result<Response<T>, Status> {
+    result.map(Response::new).map_err(Status::from)
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LockEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -67,68 +74,42 @@ impl Leasehold for Grpc {
         &self,
         request: Request<pb::GrantRequest>,
     ) -> Result<Response<pb::GrantResponse>, Status> {
-        let r = request.into_inner();
-        let (lease_id, ttl_ms) = self.service.grant(r.ttl_ms, r.holder).await?;
-        Ok(Response::new(pb::GrantResponse { lease_id, ttl_ms }))
+        reply(calls::grant(&self.service, request.into_inner()).await)
     }
 
     async fn keep_alive(
         &self,
         request: Request<pb::KeepAliveRequest>,
     ) -> Result<Response<pb::KeepAliveResponse>, Status> {
-        let ttl_ms = self
-            .service
-            .keep_alive(request.into_inner().lease_id)
-            .await?;
-        Ok(Response::new(pb::KeepAliveResponse { ttl_ms }))
+        reply(calls::keep_alive(&self.service, request.into_inner()).await)
     }
 
     async fn revoke(
         &self,
         request: Request<pb::RevokeRequest>,
     ) -> Result<Response<pb::RevokeResponse>, Status> {
-        let released = self.service.revoke(request.into_inner().lease_id).await?;
-        Ok(Response::new(pb::RevokeResponse { released }))
+        reply(calls::revoke(&self.service, request.into_inner()).await)
     }
 
     async fn acquire(
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        let r = request.into_inner();
-        let grant = self
-            .service
-            .acquire(AcquireArgs {
-                lease: r.lease_id,
-                key: r.key,
-                wait_ms: r.wait_ms,
-                lock_delay_ms: r.lock_delay_ms,
-                request_id: r.request_id,
-            })
-            .await?;
-        Ok(Response::new(pb::AcquireResponse {
-            fence: grant.fence,
-            checkpoint_fence: grant.checkpoint.as_ref().map_or(0, |c| c.fence),
-            checkpoint: grant.checkpoint.map(|c| c.data.to_vec()),
-        }))
+        reply(calls::acquire(&self.service, request.into_inner()).await)
     }
 
     async fn release(
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let r = request.into_inner();
-        self.service.release(r.key, r.fence, r.request_id).await?;
-        Ok(Response::new(pb::ReleaseResponse {}))
+        reply(calls::release(&self.service, request.into_inner()).await)
     }
 
     async fn save_checkpoint(
         &self,
         request: Request<pb::SaveCheckpointRequest>,
     ) -> Result<Response<pb::SaveCheckpointResponse>, Status> {
-        let r = request.into_inner();
-        self.service.save_checkpoint(r.key, r.fence, r.data).await?;
-        Ok(Response::new(pb::SaveCheckpointResponse {}))
+        reply(calls::save_checkpoint(&self.service, request.into_inner()).await)
     }
 
     async fn describe_lock(
@@ -158,7 +139,7 @@ impl Leasehold for Grpc {
         let lease = request.into_inner().lease_id;
         match self.service.lease(lease).await? {
             Some(v) => Ok(Response::new(lease_info(v))),
-            None => Err(crate::service::ApiError::from(LockError::LeaseNotFound { lease }).into()),
+            None => Err(ApiError::from(LockError::LeaseNotFound { lease }).into()),
         }
     }
 

@@ -1,6 +1,4 @@
-//! The HTTP/JSON surface, for curl and scripts, and the path the Rust client
-//! takes for every call that never waits (HTTP/1.1 costs the server about half
-//! the CPU of gRPC per call).
+//! The HTTP/JSON surface, for curl, scripts and clients in any language.
 //!
 //! | method and path                  | does                                         |
 //! |----------------------------------|----------------------------------------------|

@@ -1,9 +1,12 @@
-//! The wire surfaces: gRPC and HTTP/JSON on one port.
+//! The wire surfaces on one port: gRPC, HTTP/JSON, and the framed protocol
+//! ([`leasehold_proto::frame`]) the Rust client uses for calls that never wait.
 //!
-//! Both call the same [`LockService`](crate::service::LockService); errors map
-//! to gRPC codes and HTTP statuses in one place ([`error`]).
+//! All call the same [`LockService`](crate::service::LockService); errors map
+//! to gRPC codes, HTTP statuses and framed replies in one place ([`error`]).
 
+mod calls;
 pub mod error;
+pub mod frames;
 pub mod grpc;
 pub mod http;
 

@@ -57,3 +57,91 @@ pub fn code(status: &tonic::Status) -> String {
         .unwrap_or("")
         .to_string()
 }
+
+/// A bare framed-protocol connection: frames go out exactly as given.
+pub struct RawFrames {
+    pub write: tokio::net::tcp::OwnedWriteHalf,
+    pub read: tokio_util::codec::FramedRead<
+        tokio::net::tcp::OwnedReadHalf,
+        leasehold_proto::frame::FrameCodec,
+    >,
+}
+
+impl RawFrames {
+    /// Connects and sends the preamble.
+    pub async fn connect(server: &Leaseholdd) -> RawFrames {
+        use tokio::io::AsyncWriteExt;
+        let addr = server.url().trim_start_matches("http://").to_string();
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (read, mut write) = stream.into_split();
+        write
+            .write_all(leasehold_proto::frame::PREAMBLE)
+            .await
+            .expect("preamble");
+        RawFrames {
+            write,
+            read: tokio_util::codec::FramedRead::new(
+                read,
+                leasehold_proto::frame::FrameCodec::replies(),
+            ),
+        }
+    }
+
+    /// Sends `frames` in one write.
+    pub async fn send(&mut self, frames: Vec<leasehold_proto::frame::Frame>) {
+        use tokio::io::AsyncWriteExt;
+        use tokio_util::codec::Encoder;
+        let mut out = bytes::BytesMut::new();
+        for f in frames {
+            leasehold_proto::frame::FrameCodec::requests()
+                .encode(f, &mut out)
+                .expect("encode");
+        }
+        self.write.write_all(&out).await.expect("send");
+    }
+
+    /// The next reply, or `None` once the server closed the connection.
+    pub async fn next(&mut self) -> Option<leasehold_proto::frame::Frame> {
+        use futures::StreamExt;
+        match tokio::time::timeout(std::time::Duration::from_secs(10), self.read.next()).await {
+            Ok(Some(Ok(f))) => Some(f),
+            Ok(_) => None,
+            Err(_) => panic!("no reply within 10 s"),
+        }
+    }
+
+    /// Replies to `n` requests, by id.
+    pub async fn replies(
+        &mut self,
+        n: usize,
+    ) -> std::collections::HashMap<u64, leasehold_proto::frame::Frame> {
+        let mut out = std::collections::HashMap::new();
+        while out.len() < n {
+            let f = self.next().await.expect("a reply");
+            out.insert(f.id, f);
+        }
+        out
+    }
+}
+
+/// A reply's error, decoded; panics on a success.
+pub fn frame_error(frame: &leasehold_proto::frame::Frame) -> pb::ErrorReply {
+    use prost::Message;
+    assert_eq!(
+        frame.tag,
+        leasehold_proto::frame::REPLY_ERROR,
+        "expected an error reply"
+    );
+    pb::ErrorReply::decode(frame.body.clone()).expect("error reply")
+}
+
+/// A reply's message, decoded; panics on an error.
+pub fn frame_ok<M: prost::Message + Default>(frame: &leasehold_proto::frame::Frame) -> M {
+    assert_eq!(
+        frame.tag,
+        leasehold_proto::frame::REPLY_OK,
+        "expected success, got {:?}",
+        frame_error(frame)
+    );
+    M::decode(frame.body.clone()).expect("reply")
+}

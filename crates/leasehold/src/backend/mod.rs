@@ -2,6 +2,7 @@
 //! implements, and [`connect`], which picks one by URL.
 
 pub mod etcd;
+mod frames;
 pub mod leaseholdd;
 pub mod memory;
 pub mod postgres;

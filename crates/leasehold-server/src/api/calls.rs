@@ -1,0 +1,54 @@
+//! The unary calls that change state, on the protobuf messages of
+//! `proto/leasehold.proto`: one implementation for gRPC and the framed
+//! protocol.
+
+use leasehold_proto::v1 as pb;
+
+use crate::service::{AcquireArgs, ApiError, LockService};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+pub async fn grant(s: &LockService, r: pb::GrantRequest) -> Result<pb::GrantResponse> {
+    let (lease_id, ttl_ms) = s.grant(r.ttl_ms, r.holder).await?;
+    Ok(pb::GrantResponse { lease_id, ttl_ms })
+}
+
+pub async fn keep_alive(s: &LockService, r: pb::KeepAliveRequest) -> Result<pb::KeepAliveResponse> {
+    let ttl_ms = s.keep_alive(r.lease_id).await?;
+    Ok(pb::KeepAliveResponse { ttl_ms })
+}
+
+pub async fn revoke(s: &LockService, r: pb::RevokeRequest) -> Result<pb::RevokeResponse> {
+    let released = s.revoke(r.lease_id).await?;
+    Ok(pb::RevokeResponse { released })
+}
+
+pub async fn acquire(s: &LockService, r: pb::AcquireRequest) -> Result<pb::AcquireResponse> {
+    let grant = s
+        .acquire(AcquireArgs {
+            lease: r.lease_id,
+            key: r.key,
+            wait_ms: r.wait_ms,
+            lock_delay_ms: r.lock_delay_ms,
+            request_id: r.request_id,
+        })
+        .await?;
+    Ok(pb::AcquireResponse {
+        fence: grant.fence,
+        checkpoint_fence: grant.checkpoint.as_ref().map_or(0, |c| c.fence),
+        checkpoint: grant.checkpoint.map(|c| c.data.to_vec()),
+    })
+}
+
+pub async fn release(s: &LockService, r: pb::ReleaseRequest) -> Result<pb::ReleaseResponse> {
+    s.release(r.key, r.fence, r.request_id).await?;
+    Ok(pb::ReleaseResponse {})
+}
+
+pub async fn save_checkpoint(
+    s: &LockService,
+    r: pb::SaveCheckpointRequest,
+) -> Result<pb::SaveCheckpointResponse> {
+    s.save_checkpoint(r.key, r.fence, r.data).await?;
+    Ok(pb::SaveCheckpointResponse {})
+}

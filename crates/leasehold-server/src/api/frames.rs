@@ -1,0 +1,136 @@
+//! The framed protocol's server side ([`leasehold_proto::frame`]).
+//!
+//! One task per connection reads requests, runs them concurrently and writes
+//! each reply as its call finishes; replies that are ready together leave in
+//! one write. A connection that breaks the protocol (bad preamble, oversized
+//! frame) is closed; a request that cannot be decoded gets an
+//! `invalid_argument` reply and changes nothing.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use leasehold_core::LockError;
+use leasehold_proto::frame::{Frame, FrameCodec, Op, PREAMBLE, REPLY_ERROR, REPLY_OK};
+use leasehold_proto::v1 as pb;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio_util::codec::{Encoder, FramedRead};
+
+use super::calls;
+use crate::service::{ApiError, LockService};
+
+/// Calls one connection may have in flight; beyond it, reading pauses.
+const MAX_IN_FLIGHT: usize = 1024;
+
+/// How long a new connection gets to send its preamble.
+const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn invalid(field: &str, reason: impl std::fmt::Display) -> ApiError {
+    ApiError::Lock(LockError::Invalid {
+        field: field.to_string(),
+        reason: reason.to_string(),
+    })
+}
+
+fn decode<M: Message + Default>(body: Bytes) -> Result<M, ApiError> {
+    M::decode(body).map_err(|e| invalid("body", e))
+}
+
+async fn call(service: &LockService, op: Op, body: Bytes) -> Result<Vec<u8>, ApiError> {
+    Ok(match op {
+        Op::Grant => calls::grant(service, decode(body)?).await?.encode_to_vec(),
+        Op::KeepAlive => calls::keep_alive(service, decode(body)?)
+            .await?
+            .encode_to_vec(),
+        Op::Revoke => calls::revoke(service, decode(body)?).await?.encode_to_vec(),
+        Op::Acquire => {
+            let request: pb::AcquireRequest = decode(body)?;
+            if request.wait_ms != 0 {
+                // A caller that gives up needs to withdraw its wait, and a
+                // frame has no stream to reset: waits go over gRPC.
+                return Err(invalid(
+                    "wait_ms",
+                    "the framed protocol only tries once (wait_ms = 0); wait over gRPC",
+                ));
+            }
+            calls::acquire(service, request).await?.encode_to_vec()
+        }
+        Op::Release => calls::release(service, decode(body)?)
+            .await?
+            .encode_to_vec(),
+        Op::SaveCheckpoint => calls::save_checkpoint(service, decode(body)?)
+            .await?
+            .encode_to_vec(),
+    })
+}
+
+async fn answer(service: LockService, request: Frame) -> Frame {
+    let result = match Op::try_from(request.tag) {
+        Ok(op) => call(&service, op, request.body).await,
+        Err(tag) => Err(invalid("op", format!("unknown operation {tag}"))),
+    };
+    match result {
+        Ok(body) => Frame {
+            id: request.id,
+            tag: REPLY_OK,
+            body: body.into(),
+        },
+        Err(e) => Frame::new(request.id, REPLY_ERROR, &pb::ErrorReply::from(e)),
+    }
+}
+
+/// Serves one connection whose first byte was the preamble's, until the
+/// client closes it or `stop` turns true (calls in flight then finish first).
+pub async fn serve(mut stream: TcpStream, service: LockService, mut stop: watch::Receiver<bool>) {
+    let mut preamble = [0u8; PREAMBLE.len()];
+    match tokio::time::timeout(PREAMBLE_TIMEOUT, stream.read_exact(&mut preamble)).await {
+        Ok(Ok(_)) if &preamble == PREAMBLE => {}
+        _ => return,
+    }
+    let (read, mut write) = stream.into_split();
+    let mut requests = FramedRead::new(read, FrameCodec::requests());
+    let mut in_flight = FuturesUnordered::new();
+    let mut out = BytesMut::new();
+    let mut replies = FrameCodec::replies();
+    let mut reading = true;
+    loop {
+        tokio::select! {
+            request = requests.next(), if reading && in_flight.len() < MAX_IN_FLIGHT => {
+                match request {
+                    Some(Ok(frame)) => in_flight.push(answer(service.clone(), frame)),
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "closing a framed connection");
+                        reading = false;
+                    }
+                    None => reading = false,
+                }
+            }
+            Some(reply) = in_flight.next() => {
+                let mut next = Some(reply);
+                while let Some(reply) = next {
+                    let id = reply.id;
+                    if let Err(e) = replies.encode(reply, &mut out) {
+                        let e = ApiError::Internal(format!("reply too large: {e}"));
+                        let fallback = Frame::new(id, REPLY_ERROR, &pb::ErrorReply::from(e));
+                        if replies.encode(fallback, &mut out).is_err() {
+                            return;
+                        }
+                    }
+                    next = in_flight.next().now_or_never().flatten();
+                }
+                if write.write_all(&out).await.is_err() {
+                    return;
+                }
+                out.clear();
+            }
+            _ = crate::server::stopped(&mut stop), if reading => reading = false,
+        }
+        if !reading && in_flight.is_empty() {
+            return;
+        }
+    }
+}

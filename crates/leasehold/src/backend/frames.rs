@@ -1,0 +1,193 @@
+//! A client connection in leaseholdd's framed protocol
+//! ([`leasehold_proto::frame`]): one TCP connection, shared by every task of
+//! a client, carrying the calls that never wait.
+//!
+//! A driver task owns the socket. Calls queue to it; it writes every queued
+//! request in one write and hands each reply to its caller by id. When the
+//! connection breaks, the calls on it fail as unreachable and the next call
+//! connects again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::StreamExt;
+use leasehold_proto::frame::{Frame, FrameCodec, Op, PREAMBLE, REPLY_ERROR, REPLY_OK};
+use leasehold_proto::v1 as pb;
+use prost::Message;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{Encoder, FramedRead};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A failed call.
+#[derive(Debug)]
+pub(super) enum CallError {
+    /// No answer from the server.
+    Transport(String),
+    /// The server's refusal.
+    Server(pb::ErrorReply),
+}
+
+type Reply = Result<Frame, String>;
+
+struct Call {
+    op: Op,
+    body: Vec<u8>,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub(super) struct Frames {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// `host:port`.
+    addr: String,
+    /// The live connection's queue; `None` or closed when it is gone.
+    queue: tokio::sync::Mutex<Option<mpsc::UnboundedSender<Call>>>,
+}
+
+impl Frames {
+    /// Connects to `addr` (`host:port`) now, so a wrong address fails here.
+    pub(super) async fn connect(addr: String) -> Result<Frames, String> {
+        let queue = open(&addr).await?;
+        Ok(Frames {
+            inner: Arc::new(Inner {
+                addr,
+                queue: tokio::sync::Mutex::new(Some(queue)),
+            }),
+        })
+    }
+
+    /// Sends `request` as `op` and decodes the reply.
+    pub(super) async fn call<R: Message + Default>(
+        &self,
+        op: Op,
+        request: &impl Message,
+    ) -> Result<R, CallError> {
+        let (reply, answer) = oneshot::channel();
+        let mut call = Call {
+            op,
+            body: request.encode_to_vec(),
+            reply,
+        };
+        // Once with the current connection; if it turned out to be gone, once
+        // more with a new one (the request was never sent on the old one).
+        for _ in 0..2 {
+            let queue = self.queue().await?;
+            match queue.send(call) {
+                Ok(()) => return receive(answer).await,
+                Err(mpsc::error::SendError(back)) => call = back,
+            }
+        }
+        Err(CallError::Transport(format!(
+            "leaseholdd at {} closed the connection",
+            self.inner.addr
+        )))
+    }
+
+    async fn queue(&self) -> Result<mpsc::UnboundedSender<Call>, CallError> {
+        let mut queue = self.inner.queue.lock().await;
+        if let Some(q) = queue.as_ref().filter(|q| !q.is_closed()) {
+            return Ok(q.clone());
+        }
+        let q = open(&self.inner.addr).await.map_err(CallError::Transport)?;
+        *queue = Some(q.clone());
+        Ok(q)
+    }
+}
+
+async fn receive<R: Message + Default>(answer: oneshot::Receiver<Reply>) -> Result<R, CallError> {
+    let frame = answer
+        .await
+        .map_err(|_| CallError::Transport("the connection to leaseholdd closed".into()))?
+        .map_err(CallError::Transport)?;
+    let unexpected =
+        |e: prost::DecodeError| CallError::Transport(format!("bad reply from leaseholdd: {e}"));
+    match frame.tag {
+        REPLY_OK => R::decode(frame.body).map_err(unexpected),
+        REPLY_ERROR => Err(CallError::Server(
+            pb::ErrorReply::decode(frame.body).map_err(unexpected)?,
+        )),
+        tag => Err(CallError::Transport(format!(
+            "bad reply from leaseholdd: tag {tag}"
+        ))),
+    }
+}
+
+async fn open(addr: &str) -> Result<mpsc::UnboundedSender<Call>, String> {
+    let connect = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        stream.write_all(PREAMBLE).await?;
+        Ok::<_, std::io::Error>(stream)
+    };
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+        .await
+        .map_err(|_| format!("connect to leaseholdd at {addr}: timed out"))?
+        .map_err(|e| format!("connect to leaseholdd at {addr}: {e}"))?;
+    let (queue, calls) = mpsc::unbounded_channel();
+    tokio::spawn(drive(stream, calls, addr.to_string()));
+    Ok(queue)
+}
+
+/// Owns the socket until it breaks or every handle to it is gone.
+async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr: String) {
+    let (read, mut write) = stream.into_split();
+    let mut replies = FramedRead::new(read, FrameCodec::replies());
+    let mut requests = FrameCodec::requests();
+    let mut waiting: HashMap<u64, oneshot::Sender<Reply>> = HashMap::new();
+    let mut next_id = 0u64;
+    let mut out = BytesMut::new();
+    let failure = loop {
+        tokio::select! {
+            call = calls.recv() => {
+                let Some(mut call) = call else { break None };
+                loop {
+                    next_id += 1;
+                    let frame = Frame { id: next_id, tag: call.op as u8, body: call.body.into() };
+                    match requests.encode(frame, &mut out) {
+                        Ok(()) => {
+                            waiting.insert(next_id, call.reply);
+                        }
+                        Err(e) => {
+                            let _ = call.reply.send(Err(format!("request not sent: {e}")));
+                        }
+                    }
+                    match calls.try_recv() {
+                        Ok(next) => call = next,
+                        Err(_) => break,
+                    }
+                }
+                if let Err(e) = write.write_all(&out).await {
+                    break Some(e.to_string());
+                }
+                out.clear();
+            }
+            reply = replies.next() => match reply {
+                Some(Ok(frame)) => {
+                    if let Some(caller) = waiting.remove(&frame.id) {
+                        let _ = caller.send(Ok(frame));
+                    }
+                }
+                Some(Err(e)) => break Some(e.to_string()),
+                None => break Some("closed by the server".to_string()),
+            },
+        }
+    };
+    // Calls already sent may or may not have taken effect; their callers
+    // retry with the same request ids where that is safe.
+    let reason = format!(
+        "connection to leaseholdd at {addr}: {}",
+        failure.as_deref().unwrap_or("closed")
+    );
+    for (_, caller) in waiting {
+        let _ = caller.send(Err(reason.clone()));
+    }
+}
