@@ -232,8 +232,9 @@ async fn a_server_restart_never_leaves_two_holders() {
     again.release().await.unwrap();
 }
 
-/// Many tasks on one client share its connection: every call gets its own
-/// answer, none is lost or crossed with another.
+/// Many tasks on one client share its connection and its session: every call
+/// gets its own answer, none is lost or crossed with another, and the first
+/// calls, made at once, grant one lease between them.
 #[tokio::test]
 async fn concurrent_calls_on_one_client_each_get_their_own_answer() {
     let server = Leaseholdd::start();
@@ -266,6 +267,9 @@ async fn concurrent_calls_on_one_client_each_get_their_own_answer() {
         .unwrap()
         .iter()
         .all(|l| l.fence.is_none()));
+    let addr = server.url().trim_start_matches("http://").to_string();
+    let leases = leasehold_testkit::http_get(&addr, "/v1/leases").unwrap();
+    assert_eq!(leases.matches("\"lease\":").count(), 1);
 }
 
 fn tempfile_dir() -> std::path::PathBuf {

@@ -43,6 +43,8 @@ pub struct Leaseholdd {
     frames: Frames,
     /// Session leases by TTL in milliseconds.
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// Held while a session is being granted.
+    granting: tokio::sync::Mutex<()>,
 }
 
 struct Session {
@@ -153,6 +155,7 @@ impl Leaseholdd {
             rpc: LeaseholdClient::new(endpoint.connect_lazy()),
             frames,
             sessions: Mutex::new(HashMap::new()),
+            granting: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -167,6 +170,12 @@ impl Leaseholdd {
     /// The live session for this TTL, made if needed.
     async fn session(&self, ttl: Duration, holder: &str) -> Result<Arc<Session>> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if let Some(s) = self.live_session(ttl_ms) {
+            return Ok(s);
+        }
+        // One grant at a time: concurrent first calls share the session the
+        // first of them makes instead of each granting a lease of its own.
+        let _granting = self.granting.lock().await;
         if let Some(s) = self.live_session(ttl_ms) {
             return Ok(s);
         }
