@@ -144,7 +144,12 @@ impl Lease {
     }
 
     /// Saves a checkpoint for the next holder, fenced by this lease's token.
+    /// At most 64 KiB (`leasehold_core::limits::MAX_CHECKPOINT_LEN`) on every
+    /// backend; larger is refused with [`Error::InvalidArgument`] before
+    /// anything is sent.
     pub async fn save_checkpoint(&self, data: &[u8]) -> Result<()> {
+        leasehold_core::limits::validate_checkpoint(data)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         if !self.is_live() {
             return Err(self.handle.lost_error());
         }

@@ -313,6 +313,12 @@ async fn checkpoints_reach_the_next_holder(store: &Store) {
     let a = store.client().await;
     let lease = a.try_acquire(&key, store.opts()).await.expect("acquire");
     lease.save_checkpoint(b"resume at 7").await.expect("save");
+    // Over the 64 KiB limit: refused the same way on every store, and the
+    // saved checkpoint stays.
+    match lease.save_checkpoint(&vec![7; 64 * 1024 + 1]).await {
+        Err(Error::InvalidArgument(_)) => {}
+        other => panic!("oversized checkpoint: {other:?}"),
+    }
     lease.release().await.unwrap();
     let next = a.try_acquire(&key, store.opts()).await.expect("acquire");
     assert_eq!(next.checkpoint(), Some(&b"resume at 7"[..]));
