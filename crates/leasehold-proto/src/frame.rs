@@ -236,4 +236,46 @@ mod tests {
         assert_eq!(Op::try_from(7), Err(7));
         assert_eq!(Op::try_from(4), Ok(Op::Acquire));
     }
+
+    proptest::proptest! {
+        /// Whatever bytes arrive, in whatever pieces, the decoder yields
+        /// frames or a size error and never panics; well-formed frames come
+        /// back as they were sent.
+        #[test]
+        fn any_bytes_decode_without_panicking(
+            frames in proptest::collection::vec(
+                (proptest::prelude::any::<u64>(), proptest::prelude::any::<u8>(),
+                 proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)),
+                0..8,
+            ),
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            cut in 1usize..16,
+        ) {
+            let sent: Vec<Frame> = frames
+                .into_iter()
+                .map(|(id, tag, body)| Frame { id, tag, body: body.into() })
+                .collect();
+            let mut wire = BytesMut::new();
+            for f in &sent {
+                FrameCodec::requests().encode(f.clone(), &mut wire).unwrap();
+            }
+            wire.extend_from_slice(&noise);
+            let mut codec = FrameCodec::requests();
+            let mut buf = BytesMut::new();
+            let mut got = Vec::new();
+            'feed: for piece in wire.chunks(cut) {
+                buf.extend_from_slice(piece);
+                loop {
+                    match codec.decode(&mut buf) {
+                        Ok(Some(f)) => got.push(f),
+                        Ok(None) => break,
+                        Err(FrameError::Size { .. }) => break 'feed,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            proptest::prop_assert!(got.len() >= sent.len());
+            proptest::prop_assert_eq!(&got[..sent.len()], &sent[..]);
+        }
+    }
 }

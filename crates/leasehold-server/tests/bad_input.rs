@@ -428,15 +428,31 @@ async fn frames_reject_bad_input_with_typed_errors() {
         wait_ms,
         ..Default::default()
     };
-    let cases = vec![
-        (
-            "not protobuf",
-            Frame {
-                id: 1,
-                tag: Op::Release as u8,
-                body: bytes::Bytes::from_static(b"\xff\xff\xff\xff"),
-            },
-        ),
+    let ops = [
+        Op::Grant,
+        Op::KeepAlive,
+        Op::Revoke,
+        Op::Acquire,
+        Op::Release,
+        Op::SaveCheckpoint,
+    ];
+    // Not protobuf, for every operation (ids 11..).
+    let mut cases: Vec<(&str, Frame)> = ops
+        .iter()
+        .zip(11..)
+        .map(|(op, id)| {
+            let body = bytes::Bytes::from_static(b"\xff\xff\xff\xff");
+            (
+                "not protobuf",
+                Frame {
+                    id,
+                    tag: *op as u8,
+                    body,
+                },
+            )
+        })
+        .collect();
+    cases.extend([
         (
             "unknown operation",
             Frame {
@@ -464,7 +480,7 @@ async fn frames_reject_bad_input_with_typed_errors() {
                 },
             ),
         ),
-    ];
+    ]);
     let n = cases.len();
     f.send(cases.iter().map(|(_, frame)| frame.clone()).collect())
         .await;
