@@ -22,8 +22,10 @@ use tokio_util::codec::{Decoder, Encoder};
 /// What a client sends first: protocol name and version.
 pub const PREAMBLE: &[u8; 8] = b"\0LHFRM1\n";
 
-/// The largest request frame (a checkpoint is at most 64 KiB).
-pub const MAX_REQUEST: usize = 1 << 20;
+/// The largest request frame: room for the largest call, a 64 KiB checkpoint
+/// with a 512-byte key, and small enough that a connection's calls in flight
+/// stay bounded in memory.
+pub const MAX_REQUEST: usize = 128 << 10;
 
 /// The largest reply frame (a revoke lists every key it released).
 pub const MAX_REPLY: usize = 64 << 20;

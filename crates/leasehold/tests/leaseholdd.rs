@@ -66,6 +66,21 @@ async fn numeric_holders_and_binary_checkpoints_survive_the_wire() {
     assert_eq!(lb.checkpoint(), Some(&bytes[..]));
 }
 
+/// The largest call there is, a 64 KiB checkpoint under a 512-byte key, fits
+/// the framed protocol's request limit.
+#[tokio::test]
+async fn the_largest_checkpoint_under_the_longest_key_goes_through() {
+    let server = Leaseholdd::start();
+    let c = Client::connect(&server.url()).await.unwrap();
+    let key = "k".repeat(512);
+    let data = vec![0xa5; leasehold_core::limits::MAX_CHECKPOINT_LEN];
+    let first = c.try_acquire(&key, opts(5_000)).await.unwrap();
+    first.save_checkpoint(&data).await.unwrap();
+    first.release().await.unwrap();
+    let next = c.try_acquire(&key, opts(5_000)).await.unwrap();
+    assert_eq!(next.checkpoint(), Some(&data[..]));
+}
+
 #[tokio::test]
 async fn acquire_waits_in_the_queue_and_gets_a_higher_token() {
     let server = Leaseholdd::start();

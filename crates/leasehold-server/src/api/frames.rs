@@ -23,8 +23,9 @@ use tokio_util::codec::{Encoder, FramedRead};
 use super::calls;
 use crate::service::{ApiError, LockService};
 
-/// Calls one connection may have in flight; beyond it, reading pauses.
-const MAX_IN_FLIGHT: usize = 1024;
+/// Calls one connection may have in flight; beyond it, reading pauses (with
+/// requests of at most 128 KiB, at most 32 MiB held per connection).
+const MAX_IN_FLIGHT: usize = 256;
 
 /// How long a new connection gets to send its preamble.
 const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
