@@ -5,6 +5,9 @@
 //!   One cycle is the latency measured. The headline.
 //! - `contended`: every client wants one key; measures hand-over: from the
 //!   moment a holder sends its release to the moment the next waiter is granted.
+//!   A client that has released asks again only once another client has been
+//!   granted, so every grant measured goes to a waiter, not back to the
+//!   releaser (which a store whose waiters poll would mostly let it do).
 //! - `renew`: leaseholdd only: keepalives in a closed loop on many leases;
 //!   renewals/s, and server CPU per renewal with `--server-pid`.
 //! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
@@ -262,10 +265,14 @@ async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow:
     let origin = Instant::now();
     let released_at = Arc::new(AtomicU64::new(u64::MAX));
     let key = format!("bench/contended/{:x}", rand::random::<u32>());
+    // Grants so far: a client that has released waits for this to move on.
+    let (grants, _) = tokio::sync::watch::channel(0u64);
+    let others = clients.len() > 1;
     let mut tasks = Vec::new();
     for client in clients {
         let (shared, released_at, key, ttl) =
             (shared.clone(), released_at.clone(), key.clone(), a.ttl);
+        let (grants, mut grants_seen) = (grants.clone(), grants.subscribe());
         tasks.push(tokio::spawn(async move {
             let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
             let opts = LockOptions::default()
@@ -280,9 +287,20 @@ async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow:
                             let _ = local.record((granted - from).max(1));
                             shared.ops.fetch_add(1, Ordering::Relaxed);
                         }
+                        let mut mine = 0;
+                        grants.send_modify(|n| {
+                            *n += 1;
+                            mine = *n;
+                        });
                         released_at.store(origin.elapsed().as_micros() as u64, Ordering::SeqCst);
                         if let Err(e) = lease.release().await {
                             shared.error(&e);
+                        }
+                        while others && !shared.stop.load(Ordering::Relaxed) {
+                            tokio::select! {
+                                _ = grants_seen.wait_for(|n| *n > mine) => break,
+                                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                            }
                         }
                     }
                     Err(e) => shared.error(&e),
