@@ -307,6 +307,33 @@ async fn tokens_increase_and_a_stale_release_changes_nothing(store: &Store) {
     }
 }
 
+/// A waiter gets the lock when the holder releases it: the holder's TTL is
+/// longer than the wait, so only the release can have freed it.
+async fn a_release_hands_the_lock_to_a_waiter(store: &Store) {
+    let key = unique("handover");
+    let a = store.client().await;
+    let b = if store.shared {
+        store.client().await
+    } else {
+        a.clone()
+    };
+    let long = store.opts().ttl(Duration::from_secs(60));
+    let held = a.try_acquire(&key, long.clone()).await.expect("acquire");
+    let waiter = {
+        let (key, opts) = (key.clone(), long.clone().wait(Duration::from_secs(20)));
+        tokio::spawn(async move { b.acquire(&key, opts).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter was given a held lock");
+    let first = held.fence();
+    held.release().await.expect("release");
+    let next = waiter.await.unwrap().expect("the waiter gets the lock");
+    if let (Some(first), Some(next)) = (first, next.fence()) {
+        assert!(next > first, "token {next} not above {first}");
+    }
+    next.release().await.expect("release");
+}
+
 /// Checkpoints are handed to the next holder, where supported.
 async fn checkpoints_reach_the_next_holder(store: &Store) {
     let key = unique("checkpoint");
@@ -387,6 +414,7 @@ conformance!(
     Store::leaseholdd(),
     [
         mutual_exclusion_under_contention,
+        a_release_hands_the_lock_to_a_waiter,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -399,6 +427,7 @@ conformance!(
     Store::redis(),
     [
         mutual_exclusion_under_contention,
+        a_release_hands_the_lock_to_a_waiter,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -412,6 +441,7 @@ conformance!(
     Store::redlock(),
     [
         mutual_exclusion_under_contention,
+        a_release_hands_the_lock_to_a_waiter,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         bad_input_is_refused,
@@ -422,6 +452,7 @@ conformance!(
     Store::postgres(),
     [
         mutual_exclusion_under_contention,
+        a_release_hands_the_lock_to_a_waiter,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -434,6 +465,7 @@ conformance!(
     Store::etcd(),
     [
         mutual_exclusion_under_contention,
+        a_release_hands_the_lock_to_a_waiter,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -447,6 +479,7 @@ conformance!(
     Store::memory(),
     [
         mutual_exclusion_under_contention,
+        a_release_hands_the_lock_to_a_waiter,
         renewal_keeps_the_lock_past_several_ttls,
         tokens_increase_and_a_stale_release_changes_nothing,
         checkpoints_reach_the_next_holder,
@@ -556,4 +589,34 @@ async fn correctness_is_refused_from_efficiency_backends() {
             .expect(url);
         assert_eq!(c.guarantee(), Guarantee::Correctness);
     }
+}
+
+/// A Redis release announces itself on the key's channel, which is what a
+/// waiting acquire listens to instead of polling.
+#[tokio::test]
+async fn a_redis_release_is_announced_to_waiters() {
+    use futures::StreamExt;
+    let url = "redis://127.0.0.1:6379";
+    let key = unique("announced");
+    let mut listener = ::redis::Client::open(url)
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    listener
+        .subscribe(format!("leasehold:released:{key}"))
+        .await
+        .unwrap();
+    let c = Client::connect(url).await.unwrap();
+    let lease = c
+        .try_acquire(&key, LockOptions::default().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let fence = lease.fence().unwrap();
+    lease.release().await.unwrap();
+    let heard = tokio::time::timeout(Duration::from_secs(10), listener.on_message().next())
+        .await
+        .expect("no announcement within 10 s")
+        .expect("listener closed");
+    assert_eq!(heard.get_payload::<u64>().unwrap(), fence);
 }

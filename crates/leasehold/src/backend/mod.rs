@@ -195,12 +195,18 @@ pub trait Backend: Send + Sync + 'static {
     async fn close(&self) {}
 }
 
-/// Waits with jittered, bounded backoff until `give_up`; `Ok(false)` past it.
-pub(crate) async fn backoff(attempt: &mut u32, give_up: tokio::time::Instant) -> bool {
+/// The next pause of a jittered, bounded backoff: 5-15 ms, doubling per
+/// attempt up to 80-240 ms.
+pub(crate) fn backoff_delay(attempt: &mut u32) -> Duration {
     let base = Duration::from_millis(10u64 << (*attempt).min(4)); // 10 ms .. 160 ms
     *attempt += 1;
     let jitter = Duration::from_millis(rand::random::<u64>() % (base.as_millis() as u64 + 1));
-    let at = tokio::time::Instant::now() + base / 2 + jitter;
+    base / 2 + jitter
+}
+
+/// Waits with jittered, bounded backoff until `give_up`; `false` past it.
+pub(crate) async fn backoff(attempt: &mut u32, give_up: tokio::time::Instant) -> bool {
+    let at = tokio::time::Instant::now() + backoff_delay(attempt);
     if at >= give_up {
         return false;
     }

@@ -2,44 +2,57 @@
 //!
 //! Acquire is `SET key value NX PX ttl` and an `INCR` of a fencing counter in
 //! one Lua script; renew and release are scripts that compare the owner
-//! before `PEXPIRE`/`DEL` (there is no blind `DEL`). The token is only as
+//! before `PEXPIRE`/`DEL` (there is no blind `DEL`). A release publishes on
+//! the key's channel; a waiting acquire subscribes to it and tries again when
+//! it hears one, or when the holder's TTL runs out, with a bounded backoff
+//! beneath both in case a message is missed. The token is only as
 //! durable as Redis: after a failover, or a restart without fsync, the lock
 //! and the counter can both be lost and the counter can go back. Hence
 //! efficiency: good for avoiding duplicate work, not for protecting data.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
+use futures::StreamExt;
+use redis::aio::{MultiplexedConnection, PubSub};
 use redis::Script;
 use tokio::time::Instant;
 
-use super::{backoff, Acquired, Backend, Guarantee, Hold, LockOptions};
+use super::{backoff_delay, Acquired, Backend, Guarantee, Hold, LockOptions};
 use crate::keeper::{Keeper, RenewError};
 use crate::{Error, Fence, Result};
 
 const PREFIX: &str = "leasehold:lock:";
 const CHECKPOINT_PREFIX: &str = "leasehold:checkpoint:";
 const FENCE_KEY: &str = "leasehold:fence";
+/// Where a release of a key is announced.
+const RELEASED_PREFIX: &str = "leasehold:released:";
 
-/// Sets the lock if free and takes a token; otherwise returns the holder's value.
+/// Sets the lock if free and takes a token; otherwise returns the holder's
+/// value and its TTL left in milliseconds.
 const ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], 'pending', 'NX', 'PX', ARGV[2]) then
   local fence = redis.call('INCR', KEYS[2])
   redis.call('SET', KEYS[1], fence .. '|' .. ARGV[1], 'PX', ARGV[2])
   return {1, fence, redis.call('GET', KEYS[3]) or false}
 end
-return {0, redis.call('GET', KEYS[1]) or '', false}
+return {0, redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1])}
 ";
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 ";
-/// Releases only if the value still names this fence (a release by token).
+/// Releases only if the value still names this fence (a release by token),
+/// and tells the key's waiters.
 const RELEASE: &str = r"
 local v = redis.call('GET', KEYS[1])
 if not v then return -1 end
 local f = tonumber(string.match(v, '^(%d+)|'))
-if f == tonumber(ARGV[1]) then redis.call('DEL', KEYS[1]) return 0 end
+if f == tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[2], ARGV[1])
+  return 0
+end
 return f or -1
 ";
 const CHECKPOINT: &str = r"
@@ -120,22 +133,66 @@ impl Node {
 /// The single-Redis backend.
 pub struct Redis {
     node: Node,
+    /// Opens the connections waiters listen on.
+    client: redis::Client,
+    /// A listening connection not in use, kept for the next wait.
+    idle_listener: Mutex<Option<PubSub>>,
+}
+
+/// What one try found.
+enum Attempt {
+    Acquired(Acquired),
+    /// Someone holds it, for this much longer unless renewed.
+    Held(Error, Duration),
 }
 
 impl Redis {
     /// Connects to `redis://host:port[/db]`.
     pub async fn connect(url: &str) -> Result<Redis> {
+        let node = Node::connect(url).await?;
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::InvalidArgument(format!("redis URL {url:?}: {e}")))?;
         Ok(Redis {
-            node: Node::connect(url).await?,
+            node,
+            client,
+            idle_listener: Mutex::new(None),
         })
     }
 
-    async fn try_once(
-        &self,
-        key: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<std::result::Result<Acquired, Error>> {
+    /// A connection subscribed to `key`'s releases, or `None` if Redis
+    /// cannot give one now (the wait then polls).
+    async fn listen(&self, key: &str) -> Option<PubSub> {
+        let idle = self
+            .idle_listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let mut listener = match idle {
+            Some(l) => l,
+            None => tokio::time::timeout(Duration::from_secs(1), self.client.get_async_pubsub())
+                .await
+                .ok()?
+                .ok()?,
+        };
+        listener
+            .subscribe(format!("{RELEASED_PREFIX}{key}"))
+            .await
+            .ok()?;
+        Some(listener)
+    }
+
+    /// Keeps `listener` for the next wait once it no longer hears `key`.
+    async fn stop_listening(&self, mut listener: PubSub, key: &str) {
+        if listener
+            .unsubscribe(format!("{RELEASED_PREFIX}{key}"))
+            .await
+            .is_ok()
+        {
+            *self.idle_listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener);
+        }
+    }
+
+    async fn try_once(&self, key: &str, holder: &str, ttl: Duration) -> Result<Attempt> {
         let owner = format!("{:016x}|{holder}", rand::random::<u64>());
         let sent_at = Instant::now();
         let (taken, second, third): (i64, redis::Value, redis::Value) = Script::new(ACQUIRE)
@@ -150,11 +207,15 @@ impl Redis {
         if taken == 0 {
             let value: String = redis::from_redis_value(&second).unwrap_or_default();
             let (fence, holder) = parse_value(&value);
-            return Ok(Err(Error::Held {
+            // -2: gone since; -1: no TTL (not ours); either way, look again soon.
+            let ttl_left: i64 = redis::from_redis_value(&third).unwrap_or(0);
+            let held = Error::Held {
                 key: key.to_string(),
                 holder,
                 fence,
-            }));
+            };
+            let ttl_left = Duration::from_millis(u64::try_from(ttl_left).unwrap_or(0));
+            return Ok(Attempt::Held(held, ttl_left));
         }
         let fence: Fence =
             redis::from_redis_value(&second).map_err(|e| Error::Other(format!("redis: {e}")))?;
@@ -171,7 +232,7 @@ impl Redis {
                 }
             }
         });
-        Ok(Ok(Acquired {
+        Ok(Attempt::Acquired(Acquired {
             fence: Some(fence),
             checkpoint,
             liveness: keeper.liveness().clone(),
@@ -209,19 +270,53 @@ impl Backend for Redis {
     ) -> Result<Acquired> {
         let give_up = Instant::now() + wait.unwrap_or_default();
         let mut attempt = 0;
-        loop {
-            match self.try_once(key, holder, opts.ttl).await? {
-                Ok(acquired) => return Ok(acquired),
-                Err(held) if wait.is_none() => return Err(held),
-                Err(_) => {
-                    if !backoff(&mut attempt, give_up).await {
-                        return Err(Error::Timeout {
-                            key: key.to_string(),
-                        });
-                    }
+        let mut listener: Option<PubSub> = None;
+        let mut subscribed = false;
+        let outcome = loop {
+            let ttl_left = match self.try_once(key, holder, opts.ttl).await {
+                Ok(Attempt::Acquired(acquired)) => break Ok(acquired),
+                Ok(Attempt::Held(held, _)) if wait.is_none() => break Err(held),
+                Ok(Attempt::Held(_, ttl_left)) => ttl_left,
+                Err(e) => break Err(e),
+            };
+            if !subscribed {
+                // Subscribe, then try again at once: a release between the
+                // try above and the subscription would go unheard.
+                subscribed = true;
+                listener = self.listen(key).await;
+                if listener.is_some() {
+                    continue;
                 }
             }
+            // Try again when a release is heard, when the holder's TTL runs
+            // out, or after the backoff, whichever comes first.
+            let at = Instant::now() + backoff_delay(&mut attempt).min(ttl_left);
+            if at >= give_up {
+                break Err(Error::Timeout {
+                    key: key.to_string(),
+                });
+            }
+            let gone = match listener.as_mut() {
+                Some(l) => {
+                    let mut releases = l.on_message();
+                    tokio::select! {
+                        heard = releases.next() => heard.is_none(),
+                        _ = tokio::time::sleep_until(at) => false,
+                    }
+                }
+                None => {
+                    tokio::time::sleep_until(at).await;
+                    false
+                }
+            };
+            if gone {
+                listener = None; // the connection went away: poll from now on
+            }
+        };
+        if let Some(l) = listener {
+            self.stop_listening(l, key).await;
         }
+        outcome
     }
 
     async fn release_by_fence(&self, key: &str, fence: Fence) -> Result<()> {
@@ -232,6 +327,7 @@ impl Backend for Redis {
 async fn release_fence(node: &Node, key: &str, fence: Fence) -> Result<()> {
     let n: i64 = Script::new(RELEASE)
         .key(format!("{PREFIX}{key}"))
+        .key(format!("{RELEASED_PREFIX}{key}"))
         .arg(fence)
         .invoke_async(&mut node.conn.clone())
         .await
