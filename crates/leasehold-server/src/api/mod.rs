@@ -1,7 +1,7 @@
 //! The wire surfaces on one port: gRPC, HTTP/JSON, and the framed protocol
 //! ([`leasehold_proto::frame`]) the Rust client uses for calls that never wait.
 //!
-//! All call the same [`LockService`](crate::service::LockService); errors map
+//! All call the same [`LockService`]; errors map
 //! to gRPC codes, HTTP statuses and framed replies in one place ([`error`]).
 
 mod calls;
