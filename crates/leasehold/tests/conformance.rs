@@ -291,14 +291,7 @@ async fn tokens_increase_and_a_stale_release_changes_nothing(store: &Store) {
         other => panic!("stale release: {other:?}"),
     }
     assert!(current.is_live());
-    // Another client: on leaseholdd, the same client's session would be
-    // answered with the hold it already has.
-    let b = if store.shared {
-        store.client().await
-    } else {
-        a.clone()
-    };
-    match b.try_acquire(&key, store.opts()).await {
+    match a.try_acquire(&key, store.opts()).await {
         Err(Error::Held { fence, .. }) => assert_eq!(fence, current.fence()),
         other => panic!(
             "the stale release freed the lock: {:?}",
@@ -332,6 +325,42 @@ async fn a_release_hands_the_lock_to_a_waiter(store: &Store) {
         assert!(next > first, "token {next} not above {first}");
     }
     next.release().await.expect("release");
+}
+
+/// Two acquires of one key on one client are two holders, as they would be
+/// on two clients: the second is refused while the first holds, a second
+/// that waits is granted only after the first releases, and releasing one
+/// never frees the other's lock.
+async fn one_client_acquiring_twice_is_two_holders(store: &Store) {
+    let key = unique("twice");
+    let c = store.client().await;
+    let first = c.try_acquire(&key, store.opts()).await.expect("acquire");
+    match c.try_acquire(&key, store.opts()).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!(
+            "a second holder in the same client: {:?}",
+            other.map(|l| l.fence())
+        ),
+    }
+    let waiter = {
+        let (c, key) = (c.clone(), key.clone());
+        let opts = store.opts().wait(Duration::from_secs(20));
+        tokio::spawn(async move { c.acquire(&key, opts).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter was given a held lock");
+    let first_fence = first.fence();
+    first.release().await.expect("release");
+    let second = waiter.await.unwrap().expect("the waiter gets the lock");
+    if let (Some(a), Some(b)) = (first_fence, second.fence()) {
+        assert!(b > a, "token {b} not above {a}");
+    }
+    // The second holds it alone now: another try is refused.
+    match c.try_acquire(&key, store.opts()).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!("the lock was free: {:?}", other.map(|l| l.fence())),
+    }
+    second.release().await.expect("release");
 }
 
 /// Checkpoints are handed to the next holder, where supported.
@@ -415,6 +444,7 @@ conformance!(
     [
         mutual_exclusion_under_contention,
         a_release_hands_the_lock_to_a_waiter,
+        one_client_acquiring_twice_is_two_holders,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -428,6 +458,7 @@ conformance!(
     [
         mutual_exclusion_under_contention,
         a_release_hands_the_lock_to_a_waiter,
+        one_client_acquiring_twice_is_two_holders,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -442,6 +473,7 @@ conformance!(
     [
         mutual_exclusion_under_contention,
         a_release_hands_the_lock_to_a_waiter,
+        one_client_acquiring_twice_is_two_holders,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         bad_input_is_refused,
@@ -453,6 +485,7 @@ conformance!(
     [
         mutual_exclusion_under_contention,
         a_release_hands_the_lock_to_a_waiter,
+        one_client_acquiring_twice_is_two_holders,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -466,6 +499,7 @@ conformance!(
     [
         mutual_exclusion_under_contention,
         a_release_hands_the_lock_to_a_waiter,
+        one_client_acquiring_twice_is_two_holders,
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         tokens_increase_and_a_stale_release_changes_nothing,
@@ -480,6 +514,7 @@ conformance!(
     [
         mutual_exclusion_under_contention,
         a_release_hands_the_lock_to_a_waiter,
+        one_client_acquiring_twice_is_two_holders,
         renewal_keeps_the_lock_past_several_ttls,
         tokens_increase_and_a_stale_release_changes_nothing,
         checkpoints_reach_the_next_holder,

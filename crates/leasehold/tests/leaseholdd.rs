@@ -247,6 +247,44 @@ async fn a_server_restart_never_leaves_two_holders() {
     again.release().await.unwrap();
 }
 
+/// A caller that gives up on a try-acquire (drops the future, e.g. in a
+/// timeout) while the server is stalled: when the server answers with a
+/// grant nobody will learn of, the client releases it, so the lock does not
+/// stay held under the client's session for as long as the process lives.
+#[tokio::test]
+async fn an_abandoned_try_acquire_does_not_leave_the_lock_held() {
+    let server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let b = Client::connect(&server.url()).await.unwrap();
+    // a's session exists before the stall, so the stalled call is the acquire.
+    a.try_acquire("warm-up", opts(10_000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    server.process.pause();
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(300), a.try_acquire("k", opts(10_000))).await;
+    assert!(gave_up.is_err(), "a stalled server answered");
+    server.process.resume();
+    // The server grants it when it resumes; a hears the grant nobody waits
+    // for and releases it, well within the session's 10 s TTL that a keeps
+    // renewing.
+    let mut taken = None;
+    for _ in 0..100 {
+        match b.try_acquire("k", opts(10_000)).await {
+            Ok(lease) => {
+                taken = Some(lease);
+                break;
+            }
+            Err(Error::Held { .. }) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(taken.is_some(), "the abandoned grant is still held");
+}
+
 /// Many tasks on one client share its connection and its session: every call
 /// gets its own answer, none is lost or crossed with another, and the first
 /// calls, made at once, grant one lease between them.

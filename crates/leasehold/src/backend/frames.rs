@@ -5,7 +5,9 @@
 //! A driver task owns the socket. Calls queue to it; it writes every queued
 //! request in one write and hands each reply to its caller by id. When the
 //! connection breaks, the calls on it fail as unreachable and the next call
-//! connects again.
+//! connects again. A grant whose caller has gone (its future dropped, say by
+//! a timeout, while the server was slow) is released by the driver: nobody
+//! else would ever release it, and the session lease it hangs off lives on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,6 +40,8 @@ struct Call {
     op: Op,
     body: Vec<u8>,
     reply: oneshot::Sender<Reply>,
+    /// For an acquire: the key to release if the grant finds no caller.
+    key: Option<String>,
 }
 
 /// Cheap to clone; clones share the connection.
@@ -71,11 +75,31 @@ impl Frames {
         op: Op,
         request: &impl Message,
     ) -> Result<R, CallError> {
+        self.send(op, request, None).await
+    }
+
+    /// Tries to acquire at once; a grant that arrives after the caller has
+    /// gone is released.
+    pub(super) async fn acquire(
+        &self,
+        request: &pb::AcquireRequest,
+    ) -> Result<pb::AcquireResponse, CallError> {
+        self.send(Op::Acquire, request, Some(request.key.clone()))
+            .await
+    }
+
+    async fn send<R: Message + Default>(
+        &self,
+        op: Op,
+        request: &impl Message,
+        key: Option<String>,
+    ) -> Result<R, CallError> {
         let (reply, answer) = oneshot::channel();
         let mut call = Call {
             op,
             body: request.encode_to_vec(),
             reply,
+            key,
         };
         // Once with the current connection; if it turned out to be gone, once
         // more with a new one (the request was never sent on the old one).
@@ -142,7 +166,7 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
     let (read, mut write) = stream.into_split();
     let mut replies = FramedRead::new(read, FrameCodec::replies());
     let mut requests = FrameCodec::requests();
-    let mut waiting: HashMap<u64, oneshot::Sender<Reply>> = HashMap::new();
+    let mut waiting: HashMap<u64, (oneshot::Sender<Reply>, Option<String>)> = HashMap::new();
     let mut next_id = 0u64;
     let mut out = BytesMut::new();
     let failure = loop {
@@ -154,7 +178,7 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
                     let frame = Frame { id: next_id, tag: call.op as u8, body: call.body.into() };
                     match requests.encode(frame, &mut out) {
                         Ok(()) => {
-                            waiting.insert(next_id, call.reply);
+                            waiting.insert(next_id, (call.reply, call.key));
                         }
                         Err(e) => {
                             let _ = call.reply.send(Err(format!("request not sent: {e}")));
@@ -172,9 +196,24 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
             }
             reply = replies.next() => match reply {
                 Some(Ok(frame)) => {
-                    if let Some(caller) = waiting.remove(&frame.id) {
-                        let _ = caller.send(Ok(frame));
+                    let Some((caller, key)) = waiting.remove(&frame.id) else { continue };
+                    let Err(Ok(unheard)) = caller.send(Ok(frame)) else { continue };
+                    let (Some(key), REPLY_OK) = (key, unheard.tag) else { continue };
+                    let Ok(granted) = pb::AcquireResponse::decode(unheard.body) else { continue };
+                    let release = pb::ReleaseRequest {
+                        key,
+                        fence: granted.fence,
+                        request_id: rand::random::<u64>() | 1,
+                    };
+                    // Nobody waits for the answer: an id no caller holds.
+                    next_id += 1;
+                    let frame = Frame::new(next_id, Op::Release as u8, &release);
+                    if requests.encode(frame, &mut out).is_ok() {
+                        if let Err(e) = write.write_all(&out).await {
+                            break Some(e.to_string());
+                        }
                     }
+                    out.clear();
                 }
                 Some(Err(e)) => break Some(e.to_string()),
                 None => break Some("closed by the server".to_string()),
@@ -187,7 +226,7 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
         "connection to leaseholdd at {addr}: {}",
         failure.as_deref().unwrap_or("closed")
     );
-    for (_, caller) in waiting {
+    for (caller, _) in waiting.into_values() {
         let _ = caller.send(Err(reason.clone()));
     }
 }

@@ -2,7 +2,11 @@
 //!
 //! One session lease per TTL per client, renewed by one keepalive however many
 //! locks hang off it. Acquire and release carry a request id, so a retry after
-//! a lost reply never acts twice.
+//! a lost reply never acts twice. The server answers a lease that asks for a
+//! key it already holds with the hold it has; a `Lease` is one holder, so a
+//! second acquire of a key this client holds goes out under a lease of its
+//! own (revoked when that lock is released) and waits or is refused as it
+//! would from another client.
 //!
 //! Two transports to the one server port. The operations that never wait
 //! (grant, keepalive, try-acquire, release, checkpoint, revoke) go over the
@@ -14,7 +18,7 @@
 //! use gRPC: a caller that gives up on a wait resets its stream, and the
 //! server withdraws the wait at once.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -51,6 +55,37 @@ struct Session {
     lease: u64,
     keeper: Mutex<Option<Keeper>>,
     liveness: Liveness,
+    /// Keys held, or being acquired, under this lease.
+    keys: Mutex<HashSet<String>>,
+    /// Made for one lock only: revoked when that lock is released.
+    private: bool,
+}
+
+/// A key claimed on a session; unclaimed when dropped.
+struct Claim {
+    session: Arc<Session>,
+    key: String,
+}
+
+impl Claim {
+    /// `None` if the session already has the key.
+    fn take(session: &Arc<Session>, key: &str) -> Option<Claim> {
+        let mut keys = session.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.insert(key.to_string()).then(|| Claim {
+            session: session.clone(),
+            key: key.to_string(),
+        })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.session
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
 }
 
 fn metadata(status: &Status, name: &str) -> Option<String> {
@@ -179,6 +214,22 @@ impl Leaseholdd {
         if let Some(s) = self.live_session(ttl_ms) {
             return Ok(s);
         }
+        let session = self.open_session(ttl, holder, false).await?;
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ttl_ms, session.clone());
+        Ok(session)
+    }
+
+    /// Grants a lease and starts renewing it.
+    async fn open_session(
+        &self,
+        ttl: Duration,
+        holder: &str,
+        private: bool,
+    ) -> Result<Arc<Session>> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         let sent_at = Instant::now();
         let grant = pb::GrantRequest {
             ttl_ms,
@@ -207,16 +258,29 @@ impl Leaseholdd {
                 }
             }
         });
-        let session = Arc::new(Session {
+        Ok(Arc::new(Session {
             lease,
             liveness: keeper.liveness().clone(),
             keeper: Mutex::new(Some(keeper)),
-        });
-        self.sessions
+            keys: Mutex::new(HashSet::new()),
+            private,
+        }))
+    }
+
+    /// Stops renewing a session and ends it on the server.
+    async fn end_session(frames: &Frames, session: &Session) {
+        let keeper = session
+            .keeper
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(ttl_ms, session.clone());
-        Ok(session)
+            .take();
+        if let Some(k) = keeper {
+            k.stop().await;
+        }
+        let revoke = pb::RevokeRequest {
+            lease_id: session.lease,
+        };
+        let _ = frames.call::<pb::RevokeResponse>(Op::Revoke, &revoke).await;
     }
 }
 
@@ -256,6 +320,25 @@ impl Backend for Leaseholdd {
                 }
                 Err(e) => return Err(e),
             };
+            // This client may already hold the key under its session: then
+            // this acquire is another holder and gets a lease of its own.
+            let claim = match Claim::take(&session, key) {
+                Some(claim) => claim,
+                None => {
+                    let private = match self.open_session(opts.ttl, holder, true).await {
+                        Ok(s) => s,
+                        Err(Error::Unavailable(_)) if attempt + 1 < ATTEMPTS => {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    Claim::take(&private, key)
+                        .ok_or_else(|| Error::Other("a new lease already holds the key".into()))?
+                }
+            };
+            let session = claim.session.clone();
             let request = pb::AcquireRequest {
                 lease_id: session.lease,
                 key: key.to_string(),
@@ -264,11 +347,7 @@ impl Backend for Leaseholdd {
                 request_id,
             };
             let granted = if wait_ms == 0 {
-                match self
-                    .frames
-                    .call::<pb::AcquireResponse>(Op::Acquire, &request)
-                    .await
-                {
+                match self.frames.acquire(&request).await {
                     Ok(r) => Ok((r.fence, r.checkpoint)),
                     Err(e) => Err(e.into_error(key)),
                 }
@@ -291,24 +370,30 @@ impl Backend for Leaseholdd {
                             frames: self.frames.clone(),
                             key: key.to_string(),
                             fence,
+                            claim,
                         }),
                     });
                 }
-                Err(e) => match e {
-                    // The session expired under us (e.g. the server was down
-                    // longer than its TTL): start a new one, once.
-                    Error::LeaseLost { .. } if !renewed_session => {
-                        session
-                            .liveness
-                            .lose("the server no longer knows this session");
-                        renewed_session = true;
+                Err(e) => {
+                    if session.private {
+                        Self::end_session(&self.frames, &session).await;
                     }
-                    Error::Unavailable(_) if attempt + 1 < ATTEMPTS => {
-                        attempt += 1;
-                        tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                    match e {
+                        // The session expired under us (e.g. the server was down
+                        // longer than its TTL): start a new one, once.
+                        Error::LeaseLost { .. } if !renewed_session => {
+                            session
+                                .liveness
+                                .lose("the server no longer knows this session");
+                            renewed_session = true;
+                        }
+                        Error::Unavailable(_) if attempt + 1 < ATTEMPTS => {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                        }
+                        e => return Err(e),
                     }
-                    e => return Err(e),
-                },
+                }
             }
         }
     }
@@ -383,15 +468,7 @@ impl Backend for Leaseholdd {
             .map(|(_, s)| s)
             .collect();
         for s in sessions {
-            let keeper = s.keeper.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(k) = keeper {
-                k.stop().await;
-            }
-            let revoke = pb::RevokeRequest { lease_id: s.lease };
-            let _ = self
-                .frames
-                .call::<pb::RevokeResponse>(Op::Revoke, &revoke)
-                .await;
+            Self::end_session(&self.frames, &s).await;
         }
     }
 }
@@ -424,14 +501,21 @@ struct LeaseholddHold {
     frames: Frames,
     key: String,
     fence: Fence,
+    /// The key on its session, held until this hold is gone.
+    claim: Claim,
 }
 
 #[async_trait::async_trait]
 impl Hold for LeaseholddHold {
     async fn release(self: Box<Self>) -> Result<()> {
         // The session's renewal covers other locks too and goes on; the
-        // release is ownership-checked by this hold's token.
-        release(&self.frames, &self.key, self.fence).await
+        // release is ownership-checked by this hold's token. A lease made
+        // for this lock alone ends with it.
+        let released = release(&self.frames, &self.key, self.fence).await;
+        if self.claim.session.private {
+            Leaseholdd::end_session(&self.frames, &self.claim.session).await;
+        }
+        released
     }
 
     async fn save_checkpoint(&self, data: &[u8]) -> Result<()> {
