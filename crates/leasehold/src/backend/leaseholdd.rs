@@ -222,6 +222,17 @@ impl Leaseholdd {
         Ok(session)
     }
 
+    /// `key` claimed on the session for `ttl`, or, if this client already
+    /// holds it there, on a lease of its own: this acquire is another holder.
+    async fn claim(&self, key: &str, ttl: Duration, holder: &str) -> Result<Claim> {
+        if let Some(claim) = Claim::take(&self.session(ttl, holder).await?, key) {
+            return Ok(claim);
+        }
+        let private = self.open_session(ttl, holder, true).await?;
+        Claim::take(&private, key)
+            .ok_or_else(|| Error::Other("a new lease already holds the key".into()))
+    }
+
     /// Grants a lease and starts renewing it.
     async fn open_session(
         &self,
@@ -309,8 +320,8 @@ impl Backend for Leaseholdd {
         let mut attempt = 0;
         let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
         loop {
-            let session = match self.session(opts.ttl, holder).await {
-                Ok(s) => s,
+            let claim = match self.claim(key, opts.ttl, holder).await {
+                Ok(c) => c,
                 // E.g. a pooled connection the restarted server had closed.
                 // A retried grant may leave a lease behind; it expires.
                 Err(Error::Unavailable(_)) if attempt + 1 < ATTEMPTS => {
@@ -319,24 +330,6 @@ impl Backend for Leaseholdd {
                     continue;
                 }
                 Err(e) => return Err(e),
-            };
-            // This client may already hold the key under its session: then
-            // this acquire is another holder and gets a lease of its own.
-            let claim = match Claim::take(&session, key) {
-                Some(claim) => claim,
-                None => {
-                    let private = match self.open_session(opts.ttl, holder, true).await {
-                        Ok(s) => s,
-                        Err(Error::Unavailable(_)) if attempt + 1 < ATTEMPTS => {
-                            attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    Claim::take(&private, key)
-                        .ok_or_else(|| Error::Other("a new lease already holds the key".into()))?
-                }
             };
             let session = claim.session.clone();
             let request = pb::AcquireRequest {
