@@ -117,6 +117,18 @@ impl Client {
         self.backend.guarantee()
     }
 
+    /// The shared limits, and what this backend can do.
+    fn validate(&self, key: &str, opts: &LockOptions) -> Result<()> {
+        validate(key, opts)?;
+        if !opts.lock_delay.is_zero() && !self.backend.supports_lock_delay() {
+            return Err(Error::Unsupported {
+                backend: self.backend.name(),
+                what: "lock-delay",
+            });
+        }
+        Ok(())
+    }
+
     /// The backend's name.
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()
@@ -124,7 +136,7 @@ impl Client {
 
     /// Takes `key` if it is free; answers at once.
     pub async fn try_acquire(&self, key: &str, opts: LockOptions) -> Result<Lease> {
-        validate(key, &opts)?;
+        self.validate(key, &opts)?;
         let acquired = self.backend.acquire(key, &self.holder, &opts, None).await?;
         Ok(Lease::new(key, self.backend.name(), acquired))
     }
@@ -132,7 +144,7 @@ impl Client {
     /// Takes `key`, waiting up to `opts.wait` (in the server's FIFO queue on
     /// backends that have one).
     pub async fn acquire(&self, key: &str, opts: LockOptions) -> Result<Lease> {
-        validate(key, &opts)?;
+        self.validate(key, &opts)?;
         let wait = Some(opts.wait);
         let acquired = self.backend.acquire(key, &self.holder, &opts, wait).await?;
         Ok(Lease::new(key, self.backend.name(), acquired))

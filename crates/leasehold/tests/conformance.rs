@@ -422,6 +422,21 @@ async fn bad_input_is_refused(store: &Store) {
     }
 }
 
+/// A lock-delay is honoured (leaseholdd) or refused with a clear error, never
+/// silently ignored.
+async fn lock_delay_is_honoured_or_refused(store: &Store) {
+    let c = store.client().await;
+    let opts = store.opts().lock_delay(Duration::from_secs(1));
+    let result = c.try_acquire(&unique("delay"), opts).await;
+    match (c.backend_name(), result) {
+        ("leaseholdd", Ok(lease)) => lease.release().await.unwrap(),
+        (name, Err(Error::Unsupported { what, .. })) if name != "leaseholdd" => {
+            assert_eq!(what, "lock-delay")
+        }
+        (name, other) => panic!("{name}: {:?}", other.map(|l| l.fence())),
+    }
+}
+
 /// One module per backend with the tests that apply to it: a test that does
 /// not apply is not generated, rather than passing without checking anything.
 macro_rules! conformance {
@@ -450,6 +465,7 @@ conformance!(
         tokens_increase_and_a_stale_release_changes_nothing,
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
+        lock_delay_is_honoured_or_refused,
     ]
 );
 conformance!(
@@ -464,6 +480,7 @@ conformance!(
         tokens_increase_and_a_stale_release_changes_nothing,
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
+        lock_delay_is_honoured_or_refused,
     ]
 );
 // No tokens, no checkpoints: Redlock has neither.
@@ -477,6 +494,7 @@ conformance!(
         renewal_keeps_the_lock_past_several_ttls,
         expiry_frees_the_lock_of_a_vanished_holder,
         bad_input_is_refused,
+        lock_delay_is_honoured_or_refused,
     ]
 );
 conformance!(
@@ -491,6 +509,7 @@ conformance!(
         tokens_increase_and_a_stale_release_changes_nothing,
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
+        lock_delay_is_honoured_or_refused,
     ]
 );
 conformance!(
@@ -505,6 +524,7 @@ conformance!(
         tokens_increase_and_a_stale_release_changes_nothing,
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
+        lock_delay_is_honoured_or_refused,
     ]
 );
 // In-process: another process cannot hold its locks, so no vanished-holder test.
@@ -519,6 +539,7 @@ conformance!(
         tokens_increase_and_a_stale_release_changes_nothing,
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
+        lock_delay_is_honoured_or_refused,
     ]
 );
 

@@ -305,6 +305,10 @@ impl Backend for Leaseholdd {
         Guarantee::Correctness
     }
 
+    fn supports_lock_delay(&self) -> bool {
+        true
+    }
+
     async fn acquire(
         &self,
         key: &str,

@@ -157,6 +157,13 @@ pub trait Backend: Send + Sync + 'static {
         ""
     }
 
+    /// Whether it keeps a key from being taken for a while after its holder's
+    /// lease expired ([`LockOptions::lock_delay`]). Where it does not, asking
+    /// for a lock-delay is refused rather than silently ignored.
+    fn supports_lock_delay(&self) -> bool {
+        false
+    }
+
     /// Takes `key`: at once when `wait` is `None`, otherwise waiting up to it.
     async fn acquire(
         &self,
