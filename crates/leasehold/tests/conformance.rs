@@ -422,19 +422,73 @@ async fn bad_input_is_refused(store: &Store) {
     }
 }
 
-/// A lock-delay is honoured (leaseholdd) or refused with a clear error, never
+/// A lock-delay is honoured (leaseholdd, PostgreSQL) or refused with a clear error, never
 /// silently ignored.
 async fn lock_delay_is_honoured_or_refused(store: &Store) {
     let c = store.client().await;
     let opts = store.opts().lock_delay(Duration::from_secs(1));
     let result = c.try_acquire(&unique("delay"), opts).await;
+    let keeps_it = ["leaseholdd", "postgres"];
     match (c.backend_name(), result) {
-        ("leaseholdd", Ok(lease)) => lease.release().await.unwrap(),
-        (name, Err(Error::Unsupported { what, .. })) if name != "leaseholdd" => {
+        (name, Ok(lease)) if keeps_it.contains(&name) => lease.release().await.unwrap(),
+        (name, Err(Error::Unsupported { what, .. })) if !keeps_it.contains(&name) => {
             assert_eq!(what, "lock-delay")
         }
         (name, other) => panic!("{name}: {:?}", other.map(|l| l.fence())),
     }
+}
+
+/// After a holder's lease expires (it vanished: no release), the key stays
+/// closed to others for the lock-delay; a clean release opens it at once.
+async fn lock_delay_keeps_an_expired_key_closed(store: &Store) {
+    let key = unique("delayed");
+    let delay = Duration::from_secs(3);
+    let opts = store.opts().lock_delay(delay);
+    // The holder lives on a runtime of its own, shut down under it: its
+    // renewals stop and it never releases, as if its process had died.
+    let (url, k, o) = (store.url.clone(), key.clone(), opts.clone());
+    let taken_at = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let lease = rt.block_on(async {
+            let c = Client::connect(&url).await.unwrap();
+            let lease = c.try_acquire(&k, o).await.unwrap();
+            std::mem::forget(c);
+            lease
+        });
+        let taken_at = std::time::Instant::now();
+        std::mem::forget(lease);
+        rt.shutdown_background();
+        taken_at
+    })
+    .join()
+    .unwrap();
+    let b = store.client().await;
+    // Past the TTL, within the delay: refused.
+    tokio::time::sleep_until((taken_at + store.ttl * 2).into()).await;
+    match b.try_acquire(&key, store.opts()).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!(
+            "taken during the lock-delay: {:?}",
+            other.map(|l| l.fence())
+        ),
+    }
+    let lease = b
+        .acquire(&key, store.opts().wait(delay * 3))
+        .await
+        .expect("free after the lock-delay");
+    assert!(
+        taken_at.elapsed() >= store.ttl + delay - Duration::from_millis(100),
+        "granted {:?} after the grant, before TTL + lock-delay",
+        taken_at.elapsed()
+    );
+    // A clean release leaves no delay.
+    lease.release().await.unwrap();
+    b.try_acquire(&key, store.opts().lock_delay(delay))
+        .await
+        .expect("free at once after a release")
+        .release()
+        .await
+        .unwrap();
 }
 
 /// One module per backend with the tests that apply to it: a test that does
@@ -466,6 +520,7 @@ conformance!(
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
         lock_delay_is_honoured_or_refused,
+        lock_delay_keeps_an_expired_key_closed,
     ]
 );
 conformance!(
@@ -510,6 +565,7 @@ conformance!(
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
         lock_delay_is_honoured_or_refused,
+        lock_delay_keeps_an_expired_key_closed,
     ]
 );
 conformance!(

@@ -3,8 +3,11 @@
 //! Leases are rows judged by the database's own clock (`clock_timestamp()`),
 //! so client clocks never decide who holds a lock. Fencing tokens come from a
 //! sequence, which never hands out a value twice. Acquire, renew, release and
-//! checkpoint are each one ownership-checked statement. A waiting acquire
-//! retries with jittered, bounded backoff (10–160 ms), not a hot loop.
+//! checkpoint are each one ownership-checked statement. A lock-delay is kept
+//! in the row: after its holder's lease expires, nobody takes the key until
+//! the delay has passed too; a release deletes the row and leaves none. A
+//! waiting acquire retries with jittered, bounded backoff (10–160 ms), not a
+//! hot loop.
 //!
 //! The schema is created on first use (see [`SCHEMA`]), under an advisory lock
 //! so that many clients starting at once do not race.
@@ -37,15 +40,19 @@ CREATE TABLE IF NOT EXISTS leasehold_checkpoints (
     fence bigint NOT NULL,
     data  bytea NOT NULL
 );
+ALTER TABLE leasehold_locks ADD COLUMN IF NOT EXISTS delay_ms bigint NOT NULL DEFAULT 0;
 ";
 
+/// Takes the key if it has no row, or its holder's lease expired and that
+/// holder's lock-delay has passed too (a release deletes the row: no delay).
 const ACQUIRE: &str = "
-INSERT INTO leasehold_locks (key, owner, holder, fence, ttl_ms, expires_at)
-VALUES ($1, $2, $3, nextval('leasehold_fence'), $4::bigint, clock_timestamp() + $4::bigint::float8 * interval '1 millisecond')
+INSERT INTO leasehold_locks (key, owner, holder, fence, ttl_ms, expires_at, delay_ms)
+VALUES ($1, $2, $3, nextval('leasehold_fence'), $4::bigint, clock_timestamp() + $4::bigint::float8 * interval '1 millisecond', $5::bigint)
 ON CONFLICT (key) DO UPDATE
     SET owner = EXCLUDED.owner, holder = EXCLUDED.holder, fence = EXCLUDED.fence,
-        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at
-    WHERE leasehold_locks.expires_at <= clock_timestamp()
+        ttl_ms = EXCLUDED.ttl_ms, expires_at = EXCLUDED.expires_at, delay_ms = EXCLUDED.delay_ms
+    WHERE leasehold_locks.expires_at + leasehold_locks.delay_ms::float8 * interval '1 millisecond'
+        <= clock_timestamp()
 RETURNING fence, (SELECT data FROM leasehold_checkpoints c WHERE c.key = $1)";
 
 const RENEW: &str = "
@@ -118,6 +125,44 @@ impl Postgres {
         })
     }
 
+    /// Who keeps `key` from us: its holder, or the lock-delay after an
+    /// expired holder.
+    async fn held(&self, key: &str) -> Result<Error> {
+        let row = self
+            .conn()
+            .query_opt(
+                "SELECT holder, fence, expires_at > clock_timestamp(),
+                        GREATEST(0, EXTRACT(EPOCH FROM expires_at + delay_ms::float8 * interval '1 millisecond'
+                                                      - clock_timestamp()) * 1000)::bigint
+                 FROM leasehold_locks WHERE key = $1",
+                &[&key],
+            )
+            .await
+            .map_err(db_error)?;
+        let key = key.to_string();
+        Ok(match row {
+            Some(r) if !r.get::<_, bool>(2) => Error::Held {
+                key,
+                holder: format!(
+                    "nobody (lock-delay after an expiry, {} ms left)",
+                    r.get::<_, i64>(3)
+                ),
+                fence: None,
+            },
+            Some(r) => Error::Held {
+                key,
+                holder: r.get(0),
+                fence: Some(r.get::<_, i64>(1) as Fence),
+            },
+            // Released since the try.
+            None => Error::Held {
+                key,
+                holder: String::new(),
+                fence: None,
+            },
+        })
+    }
+
     fn conn(&self) -> &PgClient {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
         &self.pool[i]
@@ -142,6 +187,7 @@ impl Backend for Postgres {
         wait: Option<Duration>,
     ) -> Result<Acquired> {
         let ttl_ms = i64::try_from(opts.ttl.as_millis()).unwrap_or(i64::MAX);
+        let delay_ms = i64::try_from(opts.lock_delay.as_millis()).unwrap_or(i64::MAX);
         let owner = format!("{:016x}", rand::random::<u64>());
         let give_up = Instant::now() + wait.unwrap_or_default();
         let mut attempt = 0;
@@ -149,7 +195,7 @@ impl Backend for Postgres {
             let sent_at = Instant::now();
             let row = self
                 .conn()
-                .query_opt(ACQUIRE, &[&key, &owner, &holder, &ttl_ms])
+                .query_opt(ACQUIRE, &[&key, &owner, &holder, &ttl_ms, &delay_ms])
                 .await
                 .map_err(db_error)?;
             if let Some(row) = row {
@@ -181,22 +227,7 @@ impl Backend for Postgres {
                 });
             }
             if wait.is_none() {
-                let row = self
-                    .conn()
-                    .query_opt(
-                        "SELECT holder, fence FROM leasehold_locks WHERE key = $1",
-                        &[&key],
-                    )
-                    .await
-                    .map_err(db_error)?;
-                return Err(Error::Held {
-                    key: key.to_string(),
-                    holder: row
-                        .as_ref()
-                        .map(|r| r.get::<_, String>(0))
-                        .unwrap_or_default(),
-                    fence: row.map(|r| r.get::<_, i64>(1) as Fence),
-                });
+                return Err(self.held(key).await?);
             }
             if !backoff(&mut attempt, give_up).await {
                 return Err(Error::Timeout {
@@ -204,6 +235,10 @@ impl Backend for Postgres {
                 });
             }
         }
+    }
+
+    fn supports_lock_delay(&self) -> bool {
+        true
     }
 
     async fn status(&self, prefix: &str) -> Result<Vec<LockStatus>> {
