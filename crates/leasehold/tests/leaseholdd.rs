@@ -267,10 +267,30 @@ async fn an_abandoned_try_acquire_does_not_leave_the_lock_held() {
     let gave_up =
         tokio::time::timeout(Duration::from_millis(300), a.try_acquire("k", opts(10_000))).await;
     assert!(gave_up.is_err(), "a stalled server answered");
+    // a asks again before the stalled grant is answered: that is another
+    // holder, and the release of the abandoned grant must not take its lock.
+    let again = {
+        let a = a.clone();
+        tokio::spawn(async move { a.try_acquire("k", opts(10_000)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
     server.process.resume();
-    // The server grants it when it resumes; a hears the grant nobody waits
-    // for and releases it, well within the session's 10 s TTL that a keeps
-    // renewing.
+    match again.await.unwrap() {
+        Ok(lease) => {
+            // It got the lock: it keeps it, whatever the cleanup does.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(matches!(
+                b.try_acquire("k", opts(10_000)).await,
+                Err(Error::Held { .. })
+            ));
+            assert!(lease.is_live());
+            lease.release().await.unwrap();
+        }
+        Err(Error::Held { .. }) => {} // the abandoned grant held it then
+        Err(e) => panic!("{e}"),
+    }
+    // a hears the grant nobody waits for and releases it, well within the
+    // session's 10 s TTL that a keeps renewing.
     let mut taken = None;
     for _ in 0..100 {
         match b.try_acquire("k", opts(10_000)).await {

@@ -9,6 +9,7 @@
 //! a timeout, while the server was slow) is released by the driver: nobody
 //! else would ever release it, and the session lease it hangs off lives on.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,8 +41,23 @@ struct Call {
     op: Op,
     body: Vec<u8>,
     reply: oneshot::Sender<Reply>,
-    /// For an acquire: the key to release if the grant finds no caller.
-    key: Option<String>,
+    /// For an acquire: what to do if the grant finds no caller.
+    unheard: Option<Unheard>,
+}
+
+/// An acquire's key, and a guard the driver keeps until a grant nobody
+/// received has been released (so the caller's side cannot ask for the key
+/// again in between).
+struct Unheard {
+    key: String,
+    _guard: Box<dyn Any + Send>,
+}
+
+/// A request sent and not yet answered.
+struct Pending {
+    /// `None` for the driver's own releases of unheard grants.
+    caller: Option<oneshot::Sender<Reply>>,
+    unheard: Option<Unheard>,
 }
 
 /// Cheap to clone; clones share the connection.
@@ -78,28 +94,32 @@ impl Frames {
         self.send(op, request, None).await
     }
 
-    /// Tries to acquire at once; a grant that arrives after the caller has
-    /// gone is released.
+    /// Tries to acquire at once. A grant that arrives after the caller has
+    /// gone is released, and `guard` is kept until that release is answered.
     pub(super) async fn acquire(
         &self,
         request: &pb::AcquireRequest,
+        guard: impl Any + Send,
     ) -> Result<pb::AcquireResponse, CallError> {
-        self.send(Op::Acquire, request, Some(request.key.clone()))
-            .await
+        let unheard = Unheard {
+            key: request.key.clone(),
+            _guard: Box::new(guard),
+        };
+        self.send(Op::Acquire, request, Some(unheard)).await
     }
 
     async fn send<R: Message + Default>(
         &self,
         op: Op,
         request: &impl Message,
-        key: Option<String>,
+        unheard: Option<Unheard>,
     ) -> Result<R, CallError> {
         let (reply, answer) = oneshot::channel();
         let mut call = Call {
             op,
             body: request.encode_to_vec(),
             reply,
-            key,
+            unheard,
         };
         // Once with the current connection; if it turned out to be gone, once
         // more with a new one (the request was never sent on the old one).
@@ -166,7 +186,7 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
     let (read, mut write) = stream.into_split();
     let mut replies = FramedRead::new(read, FrameCodec::replies());
     let mut requests = FrameCodec::requests();
-    let mut waiting: HashMap<u64, (oneshot::Sender<Reply>, Option<String>)> = HashMap::new();
+    let mut waiting: HashMap<u64, Pending> = HashMap::new();
     let mut next_id = 0u64;
     let mut out = BytesMut::new();
     let failure = loop {
@@ -178,7 +198,8 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
                     let frame = Frame { id: next_id, tag: call.op as u8, body: call.body.into() };
                     match requests.encode(frame, &mut out) {
                         Ok(()) => {
-                            waiting.insert(next_id, (call.reply, call.key));
+                            let pending = Pending { caller: Some(call.reply), unheard: call.unheard };
+                            waiting.insert(next_id, pending);
                         }
                         Err(e) => {
                             let _ = call.reply.send(Err(format!("request not sent: {e}")));
@@ -196,19 +217,23 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
             }
             reply = replies.next() => match reply {
                 Some(Ok(frame)) => {
-                    let Some((caller, key)) = waiting.remove(&frame.id) else { continue };
-                    let Err(Ok(unheard)) = caller.send(Ok(frame)) else { continue };
-                    let (Some(key), REPLY_OK) = (key, unheard.tag) else { continue };
-                    let Ok(granted) = pb::AcquireResponse::decode(unheard.body) else { continue };
+                    let Some(Pending { caller: Some(caller), unheard }) = waiting.remove(&frame.id)
+                    else {
+                        continue;
+                    };
+                    let Err(Ok(reply)) = caller.send(Ok(frame)) else { continue };
+                    let (Some(unheard), REPLY_OK) = (unheard, reply.tag) else { continue };
+                    let Ok(granted) = pb::AcquireResponse::decode(reply.body) else { continue };
                     let release = pb::ReleaseRequest {
-                        key,
+                        key: unheard.key.clone(),
                         fence: granted.fence,
                         request_id: rand::random::<u64>() | 1,
                     };
-                    // Nobody waits for the answer: an id no caller holds.
                     next_id += 1;
                     let frame = Frame::new(next_id, Op::Release as u8, &release);
                     if requests.encode(frame, &mut out).is_ok() {
+                        // Its answer drops the guard.
+                        waiting.insert(next_id, Pending { caller: None, unheard: Some(unheard) });
                         if let Err(e) = write.write_all(&out).await {
                             break Some(e.to_string());
                         }
@@ -226,7 +251,7 @@ async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr
         "connection to leaseholdd at {addr}: {}",
         failure.as_deref().unwrap_or("closed")
     );
-    for (caller, _) in waiting.into_values() {
+    for caller in waiting.into_values().filter_map(|p| p.caller) {
         let _ = caller.send(Err(reason.clone()));
     }
 }

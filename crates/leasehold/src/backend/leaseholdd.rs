@@ -325,7 +325,7 @@ impl Backend for Leaseholdd {
         let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
         loop {
             let claim = match self.claim(key, opts.ttl, holder).await {
-                Ok(c) => c,
+                Ok(c) => Arc::new(c),
                 // E.g. a pooled connection the restarted server had closed.
                 // A retried grant may leave a lease behind; it expires.
                 Err(Error::Unavailable(_)) if attempt + 1 < ATTEMPTS => {
@@ -344,7 +344,7 @@ impl Backend for Leaseholdd {
                 request_id,
             };
             let granted = if wait_ms == 0 {
-                match self.frames.acquire(&request).await {
+                match self.frames.acquire(&request, claim.clone()).await {
                     Ok(r) => Ok((r.fence, r.checkpoint)),
                     Err(e) => Err(e.into_error(key)),
                 }
@@ -499,7 +499,7 @@ struct LeaseholddHold {
     key: String,
     fence: Fence,
     /// The key on its session, held until this hold is gone.
-    claim: Claim,
+    claim: Arc<Claim>,
 }
 
 #[async_trait::async_trait]
