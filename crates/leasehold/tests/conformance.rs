@@ -422,13 +422,13 @@ async fn bad_input_is_refused(store: &Store) {
     }
 }
 
-/// A lock-delay is honoured (leaseholdd, PostgreSQL) or refused with a clear error, never
+/// A lock-delay is honoured (leaseholdd, PostgreSQL, Redis) or refused with a clear error, never
 /// silently ignored.
 async fn lock_delay_is_honoured_or_refused(store: &Store) {
     let c = store.client().await;
     let opts = store.opts().lock_delay(Duration::from_secs(1));
     let result = c.try_acquire(&unique("delay"), opts).await;
-    let keeps_it = ["leaseholdd", "postgres"];
+    let keeps_it = ["leaseholdd", "postgres", "redis"];
     match (c.backend_name(), result) {
         (name, Ok(lease)) if keeps_it.contains(&name) => lease.release().await.unwrap(),
         (name, Err(Error::Unsupported { what, .. })) if !keeps_it.contains(&name) => {
@@ -536,6 +536,7 @@ conformance!(
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
         lock_delay_is_honoured_or_refused,
+        lock_delay_keeps_an_expired_key_closed,
     ]
 );
 // No tokens, no checkpoints: Redlock has neither.

@@ -5,7 +5,8 @@
 //! before `PEXPIRE`/`DEL` (there is no blind `DEL`). A release publishes on
 //! the key's channel; a waiting acquire subscribes to it and tries again when
 //! it hears one, or when the holder's TTL runs out, with a bounded backoff
-//! beneath both in case a message is missed. The token is only as
+//! beneath both in case a message is missed. A lock-delay keeps the key in
+//! Redis for the delay beyond the lease the holder counts (see `try_once`). The token is only as
 //! durable as Redis: after a failover, or a restart without fsync, the lock
 //! and the counter can both be lost and the counter can go back. Hence
 //! efficiency: good for avoiding duplicate work, not for protecting data.
@@ -192,7 +193,18 @@ impl Redis {
         }
     }
 
-    async fn try_once(&self, key: &str, holder: &str, ttl: Duration) -> Result<Attempt> {
+    /// One try. The key lives `ttl + lock_delay` in Redis, renewed to that,
+    /// while the holder counts its lease as `ttl`: a holder that stops
+    /// renewing keeps the key from others for the lock-delay after its lease
+    /// ends, and a release deletes it at once.
+    async fn try_once(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+        lock_delay: Duration,
+    ) -> Result<Attempt> {
+        let kept = ttl + lock_delay;
         let owner = format!("{:016x}|{holder}", rand::random::<u64>());
         let sent_at = Instant::now();
         let (taken, second, third): (i64, redis::Value, redis::Value) = Script::new(ACQUIRE)
@@ -200,7 +212,7 @@ impl Redis {
             .key(FENCE_KEY)
             .key(format!("{CHECKPOINT_PREFIX}{key}"))
             .arg(&owner)
-            .arg(ttl.as_millis() as u64)
+            .arg(kept.as_millis() as u64)
             .invoke_async(&mut self.node.conn.clone())
             .await
             .map_err(unavailable)?;
@@ -225,7 +237,7 @@ impl Redis {
         let keeper = Keeper::spawn(ttl, sent_at, move || {
             let (node, k, v) = (node.clone(), k.clone(), v.clone());
             async move {
-                match node.renew(&k, &v, ttl).await {
+                match node.renew(&k, &v, kept).await {
                     Ok(true) => Ok(()),
                     Ok(false) => Err(RenewError::Lost("the lock expired in Redis".into())),
                     Err(e) => Err(RenewError::Transient(e.to_string())),
@@ -261,6 +273,10 @@ impl Backend for Redis {
         "a single Redis loses locks and fencing counters on failover or on a restart without fsync"
     }
 
+    fn supports_lock_delay(&self) -> bool {
+        true
+    }
+
     async fn acquire(
         &self,
         key: &str,
@@ -273,7 +289,8 @@ impl Backend for Redis {
         let mut listener: Option<PubSub> = None;
         let mut subscribed = false;
         let outcome = loop {
-            let ttl_left = match self.try_once(key, holder, opts.ttl).await {
+            let tried = self.try_once(key, holder, opts.ttl, opts.lock_delay);
+            let ttl_left = match tried.await {
                 Ok(Attempt::Acquired(acquired)) => break Ok(acquired),
                 Ok(Attempt::Held(held, _)) if wait.is_none() => break Err(held),
                 Ok(Attempt::Held(_, ttl_left)) => ttl_left,
