@@ -422,13 +422,13 @@ async fn bad_input_is_refused(store: &Store) {
     }
 }
 
-/// A lock-delay is honoured (leaseholdd, PostgreSQL, Redis) or refused with a clear error, never
+/// A lock-delay is honoured (leaseholdd, PostgreSQL, Redis, memory) or refused with a clear error, never
 /// silently ignored.
 async fn lock_delay_is_honoured_or_refused(store: &Store) {
     let c = store.client().await;
     let opts = store.opts().lock_delay(Duration::from_secs(1));
     let result = c.try_acquire(&unique("delay"), opts).await;
-    let keeps_it = ["leaseholdd", "postgres", "redis"];
+    let keeps_it = ["leaseholdd", "postgres", "redis", "memory"];
     match (c.backend_name(), result) {
         (name, Ok(lease)) if keeps_it.contains(&name) => lease.release().await.unwrap(),
         (name, Err(Error::Unsupported { what, .. })) if !keeps_it.contains(&name) => {
@@ -446,11 +446,17 @@ async fn lock_delay_keeps_an_expired_key_closed(store: &Store) {
     let opts = store.opts().lock_delay(delay);
     // The holder lives on a runtime of its own, shut down under it: its
     // renewals stop and it never releases, as if its process had died.
+    // In-process stores share the test's client; the others get their own.
+    let b = store.client().await;
+    let same = (!store.shared).then(|| b.clone());
     let (url, k, o) = (store.url.clone(), key.clone(), opts.clone());
     let taken_at = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let lease = rt.block_on(async {
-            let c = Client::connect(&url).await.unwrap();
+            let c = match same {
+                Some(c) => c,
+                None => Client::connect(&url).await.unwrap(),
+            };
             let lease = c.try_acquire(&k, o).await.unwrap();
             std::mem::forget(c);
             lease
@@ -462,7 +468,6 @@ async fn lock_delay_keeps_an_expired_key_closed(store: &Store) {
     })
     .join()
     .unwrap();
-    let b = store.client().await;
     // Past the TTL, within the delay: refused.
     tokio::time::sleep_until((taken_at + store.ttl * 2).into()).await;
     match b.try_acquire(&key, store.opts()).await {
@@ -597,6 +602,7 @@ conformance!(
         checkpoints_reach_the_next_holder,
         bad_input_is_refused,
         lock_delay_is_honoured_or_refused,
+        lock_delay_keeps_an_expired_key_closed,
     ]
 );
 

@@ -2,7 +2,8 @@
 //! within that process (nothing outside it can see these locks).
 //!
 //! Expiry uses this process's monotonic clock; waiters are woken on release
-//! and at the holder's deadline (not strictly FIFO).
+//! and at the holder's deadline (not strictly FIFO). A lock-delay keeps an
+//! expired holder's key closed for the delay past its deadline.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,15 @@ struct Held {
     holder: String,
     ttl: Duration,
     deadline: Instant,
+    /// After the deadline passes, the key stays closed this long.
+    lock_delay: Duration,
+}
+
+impl Held {
+    /// When others may take the key, unless it is released first.
+    fn closed_until(&self) -> Instant {
+        self.deadline + self.lock_delay
+    }
 }
 
 impl Shared {
@@ -48,9 +58,10 @@ impl Shared {
 }
 
 impl State {
-    /// The current holder of `key`, forgetting one whose lease ran out.
+    /// Who keeps `key` closed: its holder, or one whose lease ran out and
+    /// whose lock-delay has not; one past both is forgotten.
     fn holder(&mut self, key: &str, now: Instant) -> Option<&Held> {
-        if self.locks.get(key).is_some_and(|h| h.deadline <= now) {
+        if self.locks.get(key).is_some_and(|h| h.closed_until() <= now) {
             self.locks.remove(key);
         }
         self.locks.get(key)
@@ -67,6 +78,10 @@ impl Backend for Memory {
         Guarantee::Correctness
     }
 
+    fn supports_lock_delay(&self) -> bool {
+        true
+    }
+
     async fn acquire(
         &self,
         key: &str,
@@ -81,6 +96,16 @@ impl Backend for Memory {
             let busy_until = {
                 let mut state = self.shared.state();
                 match state.holder(key, sent_at) {
+                    Some(h) if wait.is_none() && h.deadline <= sent_at => {
+                        return Err(Error::Held {
+                            key: key.to_string(),
+                            holder: format!(
+                                "nobody (lock-delay after an expiry, {} ms left)",
+                                (h.closed_until() - sent_at).as_millis()
+                            ),
+                            fence: None,
+                        })
+                    }
                     Some(h) if wait.is_none() => {
                         return Err(Error::Held {
                             key: key.to_string(),
@@ -88,7 +113,7 @@ impl Backend for Memory {
                             fence: Some(h.fence),
                         })
                     }
-                    Some(h) => h.deadline,
+                    Some(h) => h.closed_until(),
                     None => {
                         state.next_fence += 1;
                         let fence = state.next_fence;
@@ -99,6 +124,7 @@ impl Backend for Memory {
                                 holder: holder.to_string(),
                                 ttl: opts.ttl,
                                 deadline: sent_at + opts.ttl,
+                                lock_delay: opts.lock_delay,
                             },
                         );
                         let checkpoint = state.checkpoints.get(key).cloned();
@@ -194,7 +220,11 @@ impl Hold for MemoryHold {
 
     async fn save_checkpoint(&self, data: &[u8]) -> Result<()> {
         let mut state = self.shared.state();
-        let current = state.holder(&self.key, Instant::now()).map(|h| h.fence);
+        let now = Instant::now();
+        let current = state
+            .holder(&self.key, now)
+            .filter(|h| h.deadline > now)
+            .map(|h| h.fence);
         if current != Some(self.fence) {
             return Err(Error::StaleFence {
                 presented: self.fence,
