@@ -33,6 +33,14 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// Input the server refuses: which field, and why.
+    pub fn invalid(field: &str, reason: impl std::fmt::Display) -> ApiError {
+        ApiError::Lock(LockError::Invalid {
+            field: field.to_string(),
+            reason: reason.to_string(),
+        })
+    }
+
     /// The stable code put on the wire.
     pub fn code(&self) -> &'static str {
         match self {

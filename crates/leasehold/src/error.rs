@@ -67,3 +67,15 @@ pub enum Error {
 
 /// Results of lock operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The refusal while a key is kept closed by the lock-delay after its
+    /// holder's lease expired: nobody holds it, and `left_ms` remain.
+    pub(crate) fn lock_delayed(key: &str, left_ms: impl std::fmt::Display) -> Error {
+        Error::Held {
+            key: key.to_string(),
+            holder: format!("nobody (lock-delay after an expiry, {left_ms} ms left)"),
+            fence: None,
+        }
+    }
+}

@@ -11,7 +11,6 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use leasehold_core::LockError;
 use leasehold_proto::frame::{Frame, FrameCodec, Op, PREAMBLE, REPLY_ERROR, REPLY_OK};
 use leasehold_proto::v1 as pb;
 use prost::Message;
@@ -30,15 +29,8 @@ const MAX_IN_FLIGHT: usize = 256;
 /// How long a new connection gets to send its preamble.
 const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn invalid(field: &str, reason: impl std::fmt::Display) -> ApiError {
-    ApiError::Lock(LockError::Invalid {
-        field: field.to_string(),
-        reason: reason.to_string(),
-    })
-}
-
 fn decode<M: Message + Default>(body: Bytes) -> Result<M, ApiError> {
-    M::decode(body).map_err(|e| invalid("body", e))
+    M::decode(body).map_err(|e| ApiError::invalid("body", e))
 }
 
 async fn call(service: &LockService, op: Op, body: Bytes) -> Result<Vec<u8>, ApiError> {
@@ -53,7 +45,7 @@ async fn call(service: &LockService, op: Op, body: Bytes) -> Result<Vec<u8>, Api
             if request.wait_ms != 0 {
                 // A caller that gives up needs to withdraw its wait, and a
                 // frame has no stream to reset: waits go over gRPC.
-                return Err(invalid(
+                return Err(ApiError::invalid(
                     "wait_ms",
                     "the framed protocol only tries once (wait_ms = 0); wait over gRPC",
                 ));
@@ -72,7 +64,7 @@ async fn call(service: &LockService, op: Op, body: Bytes) -> Result<Vec<u8>, Api
 async fn answer(service: LockService, request: Frame) -> Frame {
     let result = match Op::try_from(request.tag) {
         Ok(op) => call(&service, op, request.body).await,
-        Err(tag) => Err(invalid("op", format!("unknown operation {tag}"))),
+        Err(tag) => Err(ApiError::invalid("op", format!("unknown operation {tag}"))),
     };
     match result {
         Ok(body) => Frame {

@@ -50,26 +50,19 @@ pub fn router(service: LockService) -> Router {
         .with_state(service)
 }
 
-fn invalid(field: &str, reason: impl std::fmt::Display) -> ApiError {
-    ApiError::Lock(LockError::Invalid {
-        field: field.to_string(),
-        reason: reason.to_string(),
-    })
-}
-
 fn body<T>(json: std::result::Result<Json<T>, JsonRejection>) -> Result<T> {
     json.map(|Json(t)| t)
-        .map_err(|e| invalid("body", e.body_text()))
+        .map_err(|e| ApiError::invalid("body", e.body_text()))
 }
 
 fn query<T>(q: std::result::Result<Query<T>, QueryRejection>) -> Result<T> {
     q.map(|Query(t)| t)
-        .map_err(|e| invalid("query", e.body_text()))
+        .map_err(|e| ApiError::invalid("query", e.body_text()))
 }
 
 fn lease_id(raw: &str) -> Result<u64> {
     raw.parse()
-        .map_err(|_| invalid("lease", format!("{raw:?} is not a lease id")))
+        .map_err(|_| ApiError::invalid("lease", format!("{raw:?} is not a lease id")))
 }
 
 async fn health(State(s): State<LockService>) -> Json<Value> {
@@ -207,7 +200,7 @@ async fn acquire(
         (Some(lease), None) => (lease, false),
         (None, Some(ttl_ms)) => (s.grant(ttl_ms, b.holder).await?.0, true),
         _ => {
-            return Err(invalid(
+            return Err(ApiError::invalid(
                 "lease",
                 "give exactly one of `lease` (an existing lease) or `ttl_ms` (a new one)",
             ))
@@ -295,10 +288,13 @@ async fn checkpoint(
         (Some(text), None) => text.into_bytes(),
         (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
             .decode(encoded)
-            .map_err(|e| invalid("data_base64", e))?,
+            .map_err(|e| ApiError::invalid("data_base64", e))?,
         (None, None) => Vec::new(),
         (Some(_), Some(_)) => {
-            return Err(invalid("data", "give `data` or `data_base64`, not both"))
+            return Err(ApiError::invalid(
+                "data",
+                "give `data` or `data_base64`, not both",
+            ))
         }
     };
     let bytes = data.len();

@@ -132,14 +132,9 @@ fn lock_error(
             holder: field("holder").unwrap_or_default(),
             fence: fence("fence"),
         },
-        Some("lock_delayed") => Error::Held {
-            key: key.to_string(),
-            holder: format!(
-                "nobody (lock-delay after an expiry, {} ms left)",
-                field("delay-left-ms").unwrap_or_default()
-            ),
-            fence: None,
-        },
+        Some("lock_delayed") => {
+            Error::lock_delayed(key, field("delay-left-ms").unwrap_or_default())
+        }
         Some("stale_fence") => Error::StaleFence {
             presented: fence("presented-fence").unwrap_or(0),
             current: fence("current-fence"),

@@ -97,14 +97,8 @@ impl Backend for Memory {
                 let mut state = self.shared.state();
                 match state.holder(key, sent_at) {
                     Some(h) if wait.is_none() && h.deadline <= sent_at => {
-                        return Err(Error::Held {
-                            key: key.to_string(),
-                            holder: format!(
-                                "nobody (lock-delay after an expiry, {} ms left)",
-                                (h.closed_until() - sent_at).as_millis()
-                            ),
-                            fence: None,
-                        })
+                        let left = (h.closed_until() - sent_at).as_millis();
+                        return Err(Error::lock_delayed(key, left));
                     }
                     Some(h) if wait.is_none() => {
                         return Err(Error::Held {

@@ -141,14 +141,7 @@ impl Postgres {
             .map_err(db_error)?;
         let key = key.to_string();
         Ok(match row {
-            Some(r) if !r.get::<_, bool>(2) => Error::Held {
-                key,
-                holder: format!(
-                    "nobody (lock-delay after an expiry, {} ms left)",
-                    r.get::<_, i64>(3)
-                ),
-                fence: None,
-            },
+            Some(r) if !r.get::<_, bool>(2) => Error::lock_delayed(&key, r.get::<_, i64>(3)),
             Some(r) => Error::Held {
                 key,
                 holder: r.get(0),

@@ -77,6 +77,8 @@ fn parse_value(v: &str) -> (Option<Fence>, String) {
 #[derive(Clone)]
 pub(crate) struct Node {
     pub(crate) conn: MultiplexedConnection,
+    /// For connections of other kinds (waiters' subscriptions).
+    client: redis::Client,
 }
 
 impl Node {
@@ -90,7 +92,7 @@ impl Node {
         .await
         .map_err(|_| Error::Unavailable(format!("redis at {url}: connect timed out")))?
         .map_err(unavailable)?;
-        Ok(Node { conn })
+        Ok(Node { conn, client })
     }
 
     /// `SET NX PX` with `value`; returns whether it was set.
@@ -134,8 +136,6 @@ impl Node {
 /// The single-Redis backend.
 pub struct Redis {
     node: Node,
-    /// Opens the connections waiters listen on.
-    client: redis::Client,
     /// A listening connection not in use, kept for the next wait.
     idle_listener: Mutex<Option<PubSub>>,
 }
@@ -150,12 +150,8 @@ enum Attempt {
 impl Redis {
     /// Connects to `redis://host:port[/db]`.
     pub async fn connect(url: &str) -> Result<Redis> {
-        let node = Node::connect(url).await?;
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::InvalidArgument(format!("redis URL {url:?}: {e}")))?;
         Ok(Redis {
-            node,
-            client,
+            node: Node::connect(url).await?,
             idle_listener: Mutex::new(None),
         })
     }
@@ -170,10 +166,12 @@ impl Redis {
             .take();
         let mut listener = match idle {
             Some(l) => l,
-            None => tokio::time::timeout(Duration::from_secs(1), self.client.get_async_pubsub())
-                .await
-                .ok()?
-                .ok()?,
+            None => {
+                tokio::time::timeout(Duration::from_secs(1), self.node.client.get_async_pubsub())
+                    .await
+                    .ok()?
+                    .ok()?
+            }
         };
         listener
             .subscribe(format!("{RELEASED_PREFIX}{key}"))
