@@ -8,7 +8,7 @@
 //!   A client that has released asks again only once another client has been
 //!   granted, so every grant measured goes to a waiter, not back to the
 //!   releaser (which a store whose waiters poll would mostly let it do).
-//! - `renew`: leaseholdd only: keepalives in a closed loop on many leases;
+//! - `renew`: leaseholdd only: gRPC keepalives in a closed loop on many leases;
 //!   renewals/s, and server CPU per renewal with `--server-pid`.
 //! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
 //!   reports the server's memory with `--server-pid`.
