@@ -1,5 +1,11 @@
+//! Generates the gRPC types from `proto/leasehold.proto` with protox, a
+//! protobuf compiler written in Rust, so building needs nothing but cargo.
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=../../proto/leasehold.proto");
-    tonic_build::configure().compile_protos(&["../../proto/leasehold.proto"], &["../../proto"])?;
+    let descriptors = protox::compile(["leasehold.proto"], ["../../proto"])?;
+    tonic_build::configure()
+        .codec_path("crate::codec::ProstCodec")
+        .compile_fds(descriptors)?;
     Ok(())
 }

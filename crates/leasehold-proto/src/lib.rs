@@ -4,6 +4,7 @@
 //! The contract lives in `proto/leasehold.proto` at the repository root so that
 //! clients in other languages can be generated from the same file.
 
+pub mod codec;
 pub mod frame;
 
 /// Version 1 of the API: package `leasehold.v1`.
