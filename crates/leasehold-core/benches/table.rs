@@ -34,6 +34,7 @@ fn lease(table: &mut LockTable) -> u64 {
         Command::Grant {
             ttl_ms: 60_000,
             holder: "bench".into(),
+            request_id: 0,
         },
         &mut Vec::new(),
     ) {

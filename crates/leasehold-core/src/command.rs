@@ -29,6 +29,10 @@ pub enum Command {
         ttl_ms: u64,
         /// Who holds it; shown to others on contention.
         holder: String,
+        /// Client request id for safe retries (0 for none). A request that
+        /// creates its lease has no caller to scope its id to yet: the id
+        /// alone names the caller, so pick it at random.
+        request_id: RequestId,
     },
     /// Renews a live lease to its full TTL.
     KeepAlive {
@@ -51,6 +55,24 @@ pub enum Command {
         /// Lock-delay after an expiry of this hold (0 for none).
         lock_delay_ms: u64,
         /// Client request id for safe retries (0 for none).
+        request_id: RequestId,
+    },
+    /// Creates a lease for one lock and takes (or queues for) the key under
+    /// it, in one step: a refusal leaves no lease behind, and a retry with the
+    /// same request id answers with the same lease.
+    GrantAndAcquire {
+        /// Time to live of the new lease, in milliseconds.
+        ttl_ms: u64,
+        /// Who holds it.
+        holder: String,
+        /// The key.
+        key: String,
+        /// 0: answer at once. Otherwise queue for up to this long.
+        wait_ms: u64,
+        /// Lock-delay after an expiry of this hold (0 for none).
+        lock_delay_ms: u64,
+        /// Client request id for safe retries (0 for none); like a grant's,
+        /// the id alone names the caller.
         request_id: RequestId,
     },
     /// Withdraws a wait whose caller went away. If the wait was granted in the
@@ -97,6 +119,8 @@ pub struct Checkpoint {
 /// A successful acquire.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
+    /// The lease the hold hangs off.
+    pub lease: LeaseId,
     /// The fencing token of this hold.
     pub fence: Fence,
     /// What the previous holder saved, if anything.
@@ -127,6 +151,8 @@ pub enum Response {
     Acquired(Grant),
     /// The caller is queued; a later [`Event::Acquired`] or [`Event::WaitEnded`] tells the outcome.
     Queued {
+        /// The waiting lease.
+        lease: LeaseId,
         /// Zero-based position in the queue.
         position: usize,
     },
@@ -149,6 +175,9 @@ pub enum WaitEnd {
     LeaseGone,
     /// Its caller withdrew it.
     Cancelled,
+    /// A new leadership began and its caller did not come back for it in
+    /// time (see [`REATTACH_MS`](crate::REATTACH_MS)).
+    Abandoned,
 }
 
 /// Something that happened in the table, for watchers and waiting callers.

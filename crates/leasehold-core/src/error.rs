@@ -25,7 +25,7 @@ pub enum LockError {
         lease: LeaseId,
     },
     /// The lease existed but has expired or been revoked; it cannot be renewed.
-    #[error("lease {lease} expired")]
+    #[error("lease {lease} expired or was revoked")]
     LeaseExpired {
         /// The id the request named.
         lease: LeaseId,

@@ -16,7 +16,7 @@
 //! let at = |now| Stamp { now, epoch: 1 };
 //!
 //! let Ok(Response::LeaseGranted { lease, .. }) =
-//!     table.apply(at(0), Command::Grant { ttl_ms: 1_000, holder: "worker-a".into() }, &mut events)
+//!     table.apply(at(0), Command::Grant { ttl_ms: 1_000, holder: "worker-a".into(), request_id: 0 }, &mut events)
 //! else { panic!() };
 //! let acquire = Command::Acquire { lease, key: "nightly".into(), wait_ms: 0, lock_delay_ms: 0, request_id: 0 };
 //! let Ok(Response::Acquired(grant)) = table.apply(at(10), acquire, &mut events) else { panic!() };
@@ -35,7 +35,10 @@ mod table;
 
 pub use command::{Checkpoint, Command, Event, Grant, Response, Stamp, WaitEnd};
 pub use error::LockError;
-pub use table::{HolderView, LeaseView, LockTable, LockView, Outcome, WaiterView};
+pub use table::{
+    HolderView, LeaseView, LockTable, LockView, Outcome, WaiterView, DEDUPE_CAPACITY,
+    DEDUPE_WINDOW_MS, REATTACH_MS,
+};
 
 /// Milliseconds on the leader's clock.
 pub type Time = u64;

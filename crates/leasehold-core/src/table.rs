@@ -12,22 +12,108 @@ use crate::limits;
 use crate::{Fence, LeaseId, LockError, RequestId, Time};
 
 /// How long (table time) the answer to a request id is kept for retries.
-const DEDUPE_WINDOW_MS: Time = 60_000;
-/// At most this many answers are kept for retries; the oldest go first.
-const DEDUPE_CAPACITY: usize = 100_000;
+pub const DEDUPE_WINDOW_MS: Time = 60_000;
+/// At most this many answers are kept for retries; the oldest go first. At
+/// ~150 bytes each, about 15 MB at the most.
+pub const DEDUPE_CAPACITY: usize = 100_000;
+/// After a new leadership (a leader change, or a restarted single node), how
+/// long a queued waiter's caller has to come back (retry its acquire with the
+/// same lease and request id) before its wait is withdrawn. The waiting call
+/// itself died with the old leader's connection; a waiter nobody re-attaches
+/// is a ghost that would otherwise be granted the key and hold it for a whole
+/// TTL. A grant made to a waiter in this window is taken back if its caller
+/// does not come for it in time.
+pub const REATTACH_MS: Time = 5_000;
+
+/// Whose request an id belongs to. Ids are chosen by callers, so two callers
+/// may pick the same one; an answer is only ever returned to a retry from the
+/// same caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+enum Caller {
+    /// A request that creates its own lease (`Grant`, `GrantAndAcquire`): the
+    /// id is all that names the caller.
+    Granting,
+    /// An acquire under this lease.
+    Lease(LeaseId),
+    /// A release by the holder of this fencing token (a token names exactly
+    /// one hold, so exactly one caller).
+    Hold(Fence),
+}
+
+/// What a remembered request asked for, to tell a retry from another request
+/// that reused the id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Asked {
+    Grant {
+        ttl_ms: u64,
+        holder: Arc<str>,
+    },
+    GrantAndAcquire {
+        ttl_ms: u64,
+        holder: Arc<str>,
+        key: Arc<str>,
+    },
+    Acquire {
+        key: Arc<str>,
+    },
+    Release {
+        key: Arc<str>,
+    },
+}
+
+impl std::fmt::Display for Asked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Asked::Grant { ttl_ms, holder } => {
+                write!(f, "a grant of a {ttl_ms} ms lease for {holder:?}")
+            }
+            Asked::GrantAndAcquire {
+                ttl_ms,
+                holder,
+                key,
+            } => write!(
+                f,
+                "an acquire of {key:?} on a new {ttl_ms} ms lease for {holder:?}"
+            ),
+            Asked::Acquire { key } => write!(f, "an acquire of {key:?}"),
+            Asked::Release { key } => write!(f, "a release of {key:?}"),
+        }
+    }
+}
+
+/// The first answer to a request, kept for its retries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Answer {
+    at: Time,
+    asked: Asked,
+    response: Response,
+}
 
 /// Answers to recent request ids. A hash map: with 100k answers remembered, a
 /// B-tree lookup missed the cache at every level, and three of them per
 /// command (check, insert, evict) were ~10% of the server's CPU at 40k
 /// commands/s. The hasher has fixed keys, so the table stays deterministic,
-/// and the map is written sorted by id, so equal tables give equal snapshots
-/// (the same bytes a `BTreeMap` gave).
-type Answers = HashMap<RequestId, (Time, Response), BuildHasherDefault<DefaultHasher>>;
+/// and the map is written sorted by key, so equal tables give equal snapshots.
+type Answers = HashMap<(Caller, RequestId), Answer, BuildHasherDefault<DefaultHasher>>;
 
 fn serialize_sorted<S: serde::Serializer>(answers: &Answers, s: S) -> Result<S::Ok, S::Error> {
     let mut sorted: Vec<_> = answers.iter().collect();
     sorted.sort_unstable_by_key(|(id, _)| **id);
-    s.collect_map(sorted)
+    s.collect_seq(sorted)
+}
+
+fn deserialize_answers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Answers, D::Error> {
+    let pairs: Vec<((Caller, RequestId), Answer)> = Vec::deserialize(d)?;
+    Ok(pairs.into_iter().collect())
+}
+
+fn reused_id(request_id: RequestId, first: &Asked) -> LockError {
+    LockError::invalid(
+        "request_id",
+        format!(
+            "{request_id} already named {first} from this caller; a retry must repeat its request exactly, and a new request needs a new id"
+        ),
+    )
 }
 
 /// The result of applying one command.
@@ -60,10 +146,14 @@ pub struct LockTable {
     wait_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
     /// When keys leave their lock-delay.
     delay_deadlines: BTreeSet<(Time, Arc<str>)>,
-    /// Answers to recent request ids, so a retried acquire or release never acts twice.
+    /// When waits (or grants to waits) that nobody re-attached after a new
+    /// leadership are withdrawn: (deadline, key, lease).
+    attach_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
+    /// Answers to recent requests by caller and id, so a retried request
+    /// never acts twice.
     #[serde(serialize_with = "serialize_sorted")]
     answered: Answers,
-    answered_order: VecDeque<(Time, RequestId)>,
+    answered_order: VecDeque<(Time, Caller, RequestId)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,8 +182,10 @@ struct Restored {
     lease_deadlines: BTreeSet<(Time, LeaseId)>,
     wait_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
     delay_deadlines: BTreeSet<(Time, Arc<str>)>,
+    attach_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
+    #[serde(deserialize_with = "deserialize_answers")]
     answered: Answers,
-    answered_order: VecDeque<(Time, RequestId)>,
+    answered_order: VecDeque<(Time, Caller, RequestId)>,
 }
 
 impl From<Restored> for LockTable {
@@ -119,6 +211,7 @@ impl From<Restored> for LockTable {
             lease_deadlines: r.lease_deadlines,
             wait_deadlines: r.wait_deadlines,
             delay_deadlines: r.delay_deadlines,
+            attach_deadlines: r.attach_deadlines,
             answered: r.answered,
             answered_order: r.answered_order,
         }
@@ -183,6 +276,9 @@ struct Holding {
     /// Set when the grant came from the queue, with the wait's request id, so a
     /// cancelled wait can take back a grant its caller never saw.
     from_wait: Option<RequestId>,
+    /// Granted to a wait whose caller has not come back since a new
+    /// leadership: released at this time unless it does.
+    attach_by: Option<Time>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,6 +287,9 @@ struct Waiter {
     deadline: Time,
     lock_delay_ms: u64,
     request_id: RequestId,
+    /// Since a new leadership, nobody has come back for this wait: it is
+    /// withdrawn at this time unless its caller does.
+    attach_by: Option<Time>,
 }
 
 /// A lock as seen by `describe` and `list`.
@@ -266,6 +365,7 @@ impl LockTable {
             lease_deadlines: BTreeSet::new(),
             wait_deadlines: BTreeSet::new(),
             delay_deadlines: BTreeSet::new(),
+            attach_deadlines: BTreeSet::new(),
             answered: Answers::default(),
             answered_order: VecDeque::new(),
         }
@@ -303,6 +403,7 @@ impl LockTable {
             self.lease_deadlines.first().map(|d| d.0),
             self.wait_deadlines.first().map(|d| d.0),
             self.delay_deadlines.first().map(|d| d.0),
+            self.attach_deadlines.first().map(|d| d.0),
         ]
         .into_iter()
         .flatten()
@@ -322,7 +423,11 @@ impl LockTable {
         }
         self.advance(now, events);
         match command {
-            Command::Grant { ttl_ms, holder } => self.grant(ttl_ms, holder),
+            Command::Grant {
+                ttl_ms,
+                holder,
+                request_id,
+            } => self.grant_once(ttl_ms, holder, request_id),
             Command::KeepAlive { lease } => self.keep_alive(lease),
             Command::Revoke { lease } => self.revoke(lease, events),
             Command::Acquire {
@@ -331,9 +436,23 @@ impl LockTable {
                 wait_ms,
                 lock_delay_ms,
                 request_id,
-            } => self.answer_once(request_id, |t| {
-                t.acquire(lease, &key, wait_ms, lock_delay_ms, request_id, events)
-            }),
+            } => self.acquire_once(lease, &key, wait_ms, lock_delay_ms, request_id, events),
+            Command::GrantAndAcquire {
+                ttl_ms,
+                holder,
+                key,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+            } => self.grant_and_acquire(
+                ttl_ms,
+                holder,
+                &key,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+                events,
+            ),
             Command::CancelWait {
                 lease,
                 key,
@@ -343,7 +462,7 @@ impl LockTable {
                 key,
                 fence,
                 request_id,
-            } => self.answer_once(request_id, |t| t.release(&key, fence, events)),
+            } => self.release_once(&key, fence, request_id, events),
             Command::SaveCheckpoint { key, fence, data } => self.save_checkpoint(&key, fence, data),
             Command::Tick => Ok(Response::Ticked),
         }
@@ -351,12 +470,28 @@ impl LockTable {
 
     // ---- time ----
 
-    /// A new leader gives every live lease its full TTL again.
+    /// A new leader gives every live lease its full TTL again, and gives every
+    /// queued wait [`REATTACH_MS`] for its caller to come back: the calls that
+    /// were waiting were connections to the old leader, and are gone.
     fn restamp(&mut self, now: Time) {
         self.lease_deadlines.clear();
         for (id, lease) in self.leases.iter_mut() {
             lease.deadline = now.saturating_add(lease.ttl_ms);
             self.lease_deadlines.insert((lease.deadline, *id));
+        }
+        let until = now.saturating_add(REATTACH_MS);
+        self.attach_deadlines.clear();
+        for (key, lock) in self.locks.iter_mut() {
+            if let Some(h) = lock.holder.as_mut().filter(|h| h.attach_by.is_some()) {
+                h.attach_by = Some(until);
+                self.attach_deadlines.insert((until, key.clone(), h.lease));
+            }
+            if let Some(extra) = lock.extra.as_mut() {
+                for w in extra.waiters.iter_mut() {
+                    w.attach_by = Some(until);
+                    self.attach_deadlines.insert((until, key.clone(), w.lease));
+                }
+            }
         }
     }
 
@@ -392,16 +527,52 @@ impl LockTable {
             }
             self.advance_queue(&key, events);
         }
-        while let Some(&(at, id)) = self.answered_order.front() {
+        while let Some((deadline, key, lease)) = self.attach_deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.abandon(&key, lease, events);
+        }
+        while let Some(&(at, caller, id)) = self.answered_order.front() {
             if at.saturating_add(DEDUPE_WINDOW_MS) > now
                 && self.answered_order.len() <= DEDUPE_CAPACITY
             {
                 break;
             }
             self.answered_order.pop_front();
-            if self.answered.get(&id).is_some_and(|(t, _)| *t == at) {
-                self.answered.remove(&id);
+            if self.answered.get(&(caller, id)).is_some_and(|a| a.at == at) {
+                self.answered.remove(&(caller, id));
             }
+        }
+    }
+
+    /// Nobody came back for `lease`'s wait on `key` after a new leadership:
+    /// withdraw the wait, or take back the grant it turned into.
+    fn abandon(&mut self, key: &Arc<str>, lease: LeaseId, events: &mut Vec<Event>) {
+        let Some(lock) = self.locks.get(key) else {
+            self.attach_deadlines
+                .retain(|(_, k, l)| !(k == key && *l == lease));
+            return;
+        };
+        if let Some(h) = lock
+            .holder
+            .as_ref()
+            .filter(|h| h.lease == lease && h.attach_by.is_some())
+        {
+            let (fence, request_id) = (h.fence, h.from_wait.unwrap_or(0));
+            // Clears the deadline entry with the holding.
+            let _ = self.release(key, fence, events);
+            self.forget(Caller::Lease(lease), request_id);
+        } else if self.remove_waiter(key, lease).is_some() {
+            events.push(Event::WaitEnded {
+                key: key.clone(),
+                lease,
+                reason: WaitEnd::Abandoned,
+            });
+            self.drop_if_empty(key);
+        } else {
+            self.attach_deadlines
+                .retain(|(_, k, l)| !(k == key && *l == lease));
         }
     }
 
@@ -427,11 +598,78 @@ impl LockTable {
         Ok(Response::LeaseGranted { lease: id, ttl_ms })
     }
 
+    fn grant_once(&mut self, ttl_ms: u64, holder: String, request_id: RequestId) -> Outcome {
+        limits::validate_ttl(ttl_ms)?;
+        limits::validate_holder(&holder)?;
+        let holder: Arc<str> = holder.into();
+        let asked = Asked::Grant {
+            ttl_ms,
+            holder: holder.clone(),
+        };
+        if let Some(first) = self.recall(Caller::Granting, request_id, &asked)? {
+            return Ok(first);
+        }
+        let response = self.grant(ttl_ms, holder.to_string())?;
+        self.remember(Caller::Granting, request_id, asked, response.clone());
+        Ok(response)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn grant_and_acquire(
+        &mut self,
+        ttl_ms: u64,
+        holder: String,
+        key: &str,
+        wait_ms: u64,
+        lock_delay_ms: u64,
+        request_id: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_ttl(ttl_ms)?;
+        limits::validate_holder(&holder)?;
+        limits::validate_key(key)?;
+        limits::validate_wait(wait_ms, lock_delay_ms)?;
+        let holder: Arc<str> = holder.into();
+        let asked = Asked::GrantAndAcquire {
+            ttl_ms,
+            holder: holder.clone(),
+            key: key.into(),
+        };
+        if let Some(first) = self.recall(Caller::Granting, request_id, &asked)? {
+            // The retry goes on as the same acquire under the lease the first
+            // answer made: the grant it got, or its place in the queue.
+            let lease = match first {
+                Response::Acquired(g) => g.lease,
+                Response::Queued { lease, .. } => lease,
+                other => return Ok(other),
+            };
+            return self.acquire_once(lease, key, wait_ms, lock_delay_ms, request_id, events);
+        }
+        // Refuse before granting, so a refusal leaves no lease behind.
+        if let Some(lock) = self.locks.get(key).filter(|l| !Self::free(l)) {
+            if wait_ms == 0 {
+                return Err(self.busy_error(key, lock));
+            }
+        }
+        let Response::LeaseGranted { lease, .. } = self.grant(ttl_ms, holder.to_string())? else {
+            return Err(LockError::invalid("lease", "not granted"));
+        };
+        let response = self.acquire_once(lease, key, wait_ms, lock_delay_ms, request_id, events)?;
+        self.remember(Caller::Granting, request_id, asked, response.clone());
+        Ok(response)
+    }
+
     fn live_lease(&self, id: LeaseId) -> Result<&Lease, LockError> {
-        match self.leases.get(&id) {
-            Some(lease) => Ok(lease),
-            None if id != 0 && id < self.next_lease => Err(LockError::LeaseExpired { lease: id }),
-            None => Err(LockError::LeaseNotFound { lease: id }),
+        self.leases.get(&id).ok_or_else(|| self.no_lease(id))
+    }
+
+    /// Why lease `id` is not live: it ended (expired or revoked: one answer,
+    /// whatever asks), or it was never handed out.
+    pub fn no_lease(&self, id: LeaseId) -> LockError {
+        if id != 0 && id < self.next_lease {
+            LockError::LeaseExpired { lease: id }
+        } else {
+            LockError::LeaseNotFound { lease: id }
         }
     }
 
@@ -478,6 +716,9 @@ impl LockTable {
             let Some(holding) = lock.holder.take() else {
                 continue;
             };
+            if let Some(t) = holding.attach_by {
+                self.attach_deadlines.remove(&(t, key.clone(), id));
+            }
             let (key, fence, holder) = (key.clone(), holding.fence, lease.holder.clone());
             if expired {
                 if holding.lock_delay_ms > 0 {
@@ -512,6 +753,64 @@ impl LockTable {
 
     // ---- locks ----
 
+    /// A key nobody holds, waits for, or keeps in lock-delay.
+    fn free(lock: &Lock) -> bool {
+        lock.holder.is_none() && lock.delayed_until().is_none() && lock.waiters().is_empty()
+    }
+
+    fn acquire_once(
+        &mut self,
+        lease_id: LeaseId,
+        key: &str,
+        wait_ms: u64,
+        lock_delay_ms: u64,
+        request_id: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_key(key)?;
+        limits::validate_wait(wait_ms, lock_delay_ms)?;
+        // A retry after the lease ended is told so, not handed a dead grant.
+        self.live_lease(lease_id)?;
+        if request_id == 0 {
+            return self.acquire(lease_id, key, wait_ms, lock_delay_ms, 0, events);
+        }
+        let caller = Caller::Lease(lease_id);
+        let asked = Asked::Acquire { key: key.into() };
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
+            self.reattach(key, lease_id);
+            return Ok(first);
+        }
+        let response = self.acquire(lease_id, key, wait_ms, lock_delay_ms, request_id, events)?;
+        // A queued answer is not final: the grant is remembered when it comes.
+        if let Response::Acquired(_) = &response {
+            self.remember(caller, request_id, asked, response.clone());
+        }
+        Ok(response)
+    }
+
+    /// The caller of `lease`'s wait (or of the grant it turned into) on `key`
+    /// came back: it is no longer withdrawn after a new leadership.
+    fn reattach(&mut self, key: &str, lease_id: LeaseId) {
+        let Some(key) = self.locks.get_key_value(key).map(|(k, _)| k.clone()) else {
+            return;
+        };
+        let Some(lock) = self.locks.get_mut(&key) else {
+            return;
+        };
+        let mut cleared = None;
+        if let Some(h) = lock.holder.as_mut().filter(|h| h.lease == lease_id) {
+            cleared = h.attach_by.take();
+        }
+        if let Some(extra) = lock.extra.as_mut() {
+            if let Some(w) = extra.waiters.iter_mut().find(|w| w.lease == lease_id) {
+                cleared = cleared.or(w.attach_by.take());
+            }
+        }
+        if let Some(t) = cleared {
+            self.attach_deadlines.remove(&(t, key, lease_id));
+        }
+    }
+
     fn acquire(
         &mut self,
         lease_id: LeaseId,
@@ -530,7 +829,12 @@ impl LockTable {
             let holding = lock.and_then(|l| l.holder.as_ref());
             let fence = holding.map_or(0, |h| h.fence);
             let checkpoint = lock.and_then(|l| l.checkpoint().cloned());
-            return Ok(Response::Acquired(Grant { fence, checkpoint }));
+            self.reattach(key, lease_id);
+            return Ok(Response::Acquired(Grant {
+                lease: lease_id,
+                fence,
+                checkpoint,
+            }));
         }
         if lease.waiting.contains(key) {
             let position = self
@@ -538,15 +842,17 @@ impl LockTable {
                 .get(key)
                 .and_then(|l| l.waiters().iter().position(|w| w.lease == lease_id))
                 .unwrap_or(0);
-            return Ok(Response::Queued { position });
+            // Asking again for a wait is coming back for it.
+            self.reattach(key, lease_id);
+            return Ok(Response::Queued {
+                lease: lease_id,
+                position,
+            });
         }
         let now = self.now;
         match self.locks.get(key) {
             None => {}
-            Some(lock)
-                if lock.holder.is_none()
-                    && lock.delayed_until().is_none()
-                    && lock.waiters().is_empty() => {}
+            Some(lock) if Self::free(lock) => {}
             Some(lock) => {
                 if wait_ms == 0 {
                     return Err(self.busy_error(key, lock));
@@ -562,6 +868,7 @@ impl LockTable {
                         deadline,
                         lock_delay_ms,
                         request_id,
+                        attach_by: None,
                     });
                 }
                 self.wait_deadlines
@@ -569,14 +876,17 @@ impl LockTable {
                 if let Some(lease) = self.leases.get_mut(&lease_id) {
                     lease.waiting.insert(key);
                 }
-                return Ok(Response::Queued { position });
+                return Ok(Response::Queued {
+                    lease: lease_id,
+                    position,
+                });
             }
         }
         let key: Arc<str> = match self.locks.get_key_value(key) {
             Some((k, _)) => k.clone(),
             None => Arc::from(key),
         };
-        let grant = self.grant_lock(&key, lease_id, lock_delay_ms, None, events);
+        let grant = self.grant_lock(&key, lease_id, lock_delay_ms, None, None, events);
         Ok(Response::Acquired(grant))
     }
 
@@ -607,6 +917,7 @@ impl LockTable {
         lease_id: LeaseId,
         lock_delay_ms: u64,
         from_wait: Option<RequestId>,
+        attach_by: Option<Time>,
         events: &mut Vec<Event>,
     ) -> Grant {
         let fence = self.next_fence;
@@ -617,6 +928,7 @@ impl LockTable {
             fence,
             lock_delay_ms,
             from_wait,
+            attach_by,
         });
         let checkpoint = lock.checkpoint().cloned();
         let holder = match self.leases.get_mut(&lease_id) {
@@ -633,7 +945,11 @@ impl LockTable {
             holder,
             checkpoint: checkpoint.clone(),
         });
-        Grant { fence, checkpoint }
+        Grant {
+            lease: lease_id,
+            fence,
+            checkpoint,
+        }
     }
 
     /// Hands a free key to the first in its queue, in the same step that freed it.
@@ -654,14 +970,22 @@ impl LockTable {
             if let Some(lease) = self.leases.get_mut(&waiter.lease) {
                 lease.waiting.remove(key);
             }
+            // A waiter nobody has come back for since a new leadership keeps
+            // its attach deadline (and its entry) on the grant.
             let grant = self.grant_lock(
                 key,
                 waiter.lease,
                 waiter.lock_delay_ms,
                 Some(waiter.request_id),
+                waiter.attach_by,
                 events,
             );
-            self.remember(waiter.request_id, Response::Acquired(grant));
+            self.remember(
+                Caller::Lease(waiter.lease),
+                waiter.request_id,
+                Asked::Acquire { key: key.clone() },
+                Response::Acquired(grant),
+            );
         } else {
             self.drop_if_empty(key);
         }
@@ -675,6 +999,9 @@ impl LockTable {
         lock.shrink();
         self.wait_deadlines
             .remove(&(waiter.deadline, key.clone(), lease_id));
+        if let Some(t) = waiter.attach_by {
+            self.attach_deadlines.remove(&(t, key.clone(), lease_id));
+        }
         if let Some(lease) = self.leases.get_mut(&lease_id) {
             lease.waiting.remove(key);
         }
@@ -707,7 +1034,7 @@ impl LockTable {
             let fence = lock.holder.as_ref().map_or(0, |h| h.fence);
             self.release(&key, fence, events)?;
             // A retry of this wait must not be answered with the grant taken back.
-            self.forget(request_id);
+            self.forget(Caller::Lease(lease_id), request_id);
         } else if self.remove_waiter(&key, lease_id).is_some() {
             events.push(Event::WaitEnded {
                 key: key.clone(),
@@ -742,7 +1069,10 @@ impl LockTable {
 
     fn release(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
         let (key, holding) = self.held_by(key, fence)?;
-        let (key, lease_id) = (key.clone(), holding.lease);
+        let (key, lease_id, attach_by) = (key.clone(), holding.lease, holding.attach_by);
+        if let Some(t) = attach_by {
+            self.attach_deadlines.remove(&(t, key.clone(), lease_id));
+        }
         let holder = match self.leases.get_mut(&lease_id) {
             Some(lease) => {
                 lease.held.remove(&key);
@@ -779,39 +1109,70 @@ impl LockTable {
 
     // ---- retries ----
 
-    /// Runs `f` unless this request id was answered before, in which case the
-    /// first answer is returned again and nothing happens.
-    fn answer_once(
+    fn release_once(
         &mut self,
+        key: &str,
+        fence: Fence,
         request_id: RequestId,
-        f: impl FnOnce(&mut Self) -> Outcome,
+        events: &mut Vec<Event>,
     ) -> Outcome {
-        if request_id != 0 {
-            if let Some((_, response)) = self.answered.get(&request_id) {
-                return Ok(response.clone());
-            }
+        limits::validate_key(key)?;
+        if request_id == 0 {
+            return self.release(key, fence, events);
         }
-        let outcome = f(self);
-        // Only what changed something is remembered: a refusal changed nothing,
-        // so a retry may as well be judged afresh, and a queued answer is not
-        // final (the grant is remembered when it comes).
-        if let Ok(response @ (Response::Acquired(_) | Response::Released)) = &outcome {
-            self.remember(request_id, response.clone());
+        let caller = Caller::Hold(fence);
+        let asked = Asked::Release { key: key.into() };
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
+            return Ok(first);
         }
-        outcome
+        let response = self.release(key, fence, events)?;
+        self.remember(caller, request_id, asked, response.clone());
+        Ok(response)
     }
 
-    fn remember(&mut self, request_id: RequestId, response: Response) {
+    /// The first answer to this caller's request `request_id`, if it was
+    /// answered; an error if the id named another request.
+    fn recall(
+        &self,
+        caller: Caller,
+        request_id: RequestId,
+        asked: &Asked,
+    ) -> Result<Option<Response>, LockError> {
+        if request_id == 0 {
+            return Ok(None);
+        }
+        match self.answered.get(&(caller, request_id)) {
+            None => Ok(None),
+            Some(first) if first.asked == *asked => Ok(Some(first.response.clone())),
+            Some(first) => Err(reused_id(request_id, &first.asked)),
+        }
+    }
+
+    /// Keeps an answer for retries. Only what changed something is
+    /// remembered: a refusal changed nothing, so a retry is judged afresh.
+    fn remember(
+        &mut self,
+        caller: Caller,
+        request_id: RequestId,
+        asked: Asked,
+        response: Response,
+    ) {
         if request_id == 0 {
             return;
         }
-        self.answered.insert(request_id, (self.now, response));
-        self.answered_order.push_back((self.now, request_id));
+        let answer = Answer {
+            at: self.now,
+            asked,
+            response,
+        };
+        self.answered.insert((caller, request_id), answer);
+        self.answered_order
+            .push_back((self.now, caller, request_id));
     }
 
-    fn forget(&mut self, request_id: RequestId) {
+    fn forget(&mut self, caller: Caller, request_id: RequestId) {
         if request_id != 0 {
-            self.answered.remove(&request_id);
+            self.answered.remove(&(caller, request_id));
         }
     }
 
@@ -951,6 +1312,28 @@ impl LockTable {
                     return Err(format!("lease {id} thinks it holds {key:?}"));
                 }
             }
+        }
+        let mut detached = 0;
+        for (key, lock) in &self.locks {
+            let holder = lock
+                .holder
+                .iter()
+                .filter_map(|h| Some((h.attach_by?, h.lease)));
+            let waiters = lock
+                .waiters()
+                .iter()
+                .filter_map(|w| Some((w.attach_by?, w.lease)));
+            for (t, lease) in holder.chain(waiters) {
+                detached += 1;
+                if !self.attach_deadlines.contains(&(t, key.clone(), lease)) {
+                    return Err(format!(
+                        "detached {lease} on {key:?} has no attach deadline"
+                    ));
+                }
+            }
+        }
+        if self.attach_deadlines.len() != detached {
+            return Err("stray attach deadlines".into());
         }
         if self.lease_deadlines.len() != self.leases.len() {
             return Err("stray lease deadlines".into());

@@ -5,7 +5,7 @@
 //! runs reach contention, queues, expiries and stale tokens often instead of
 //! mostly hitting unknown ids.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use leasehold_core::{Command, Event, LockTable, Outcome, Response, Stamp};
 use proptest::prelude::*;
@@ -39,6 +39,13 @@ enum Op {
     Grant {
         ttl_ms: u64,
         holder: String,
+        request_id: u64,
+    },
+    GrantAndAcquire {
+        ttl_ms: u64,
+        key: usize,
+        wait_ms: u64,
+        request_id: u64,
     },
     KeepAlive(LeaseChoice),
     Revoke(LeaseChoice),
@@ -95,12 +102,18 @@ fn fence_choice() -> impl Strategy<Value = FenceChoice> {
 fn op() -> impl Strategy<Value = Op> {
     let key = 0usize..KEYS.len();
     let request_id = prop_oneof![2 => Just(0u64), 1 => 1u64..6];
+    // Mostly short, so expiries are frequent; sometimes past REATTACH_MS, so
+    // waits outlive a new leadership.
+    let ttl = prop_oneof![1 => Just(0u64), 12 => 50u64..600, 2 => 6_000u64..20_000];
+    let wait = prop_oneof![4 => Just(0u64), 4 => 1u64..400, 1 => 6_000u64..20_000];
     prop_oneof![
-        3 => (prop_oneof![1 => Just(0u64), 12 => 50u64..600], "[a-z]{0,3}")
-            .prop_map(|(ttl_ms, holder)| Op::Grant { ttl_ms, holder }),
+        3 => (ttl.clone(), "[a-z]{0,3}", request_id.clone())
+            .prop_map(|(ttl_ms, holder, request_id)| Op::Grant { ttl_ms, holder, request_id }),
+        2 => (ttl, key.clone(), wait.clone(), request_id.clone())
+            .prop_map(|(ttl_ms, key, wait_ms, request_id)| Op::GrantAndAcquire { ttl_ms, key, wait_ms, request_id }),
         2 => lease_choice().prop_map(Op::KeepAlive),
         1 => lease_choice().prop_map(Op::Revoke),
-        6 => (lease_choice(), key.clone(), prop_oneof![Just(0u64), 1u64..400], prop_oneof![Just(0u64), 1u64..150], request_id.clone())
+        6 => (lease_choice(), key.clone(), wait, prop_oneof![Just(0u64), 1u64..150], request_id.clone())
             .prop_map(|(lease, key, wait_ms, lock_delay_ms, request_id)| Op::Acquire { lease, key, wait_ms, lock_delay_ms, request_id }),
         1 => (lease_choice(), key.clone(), request_id.clone())
             .prop_map(|(lease, key, request_id)| Op::CancelWait { lease, key, request_id }),
@@ -114,7 +127,7 @@ fn op() -> impl Strategy<Value = Op> {
 fn steps() -> impl Strategy<Value = Vec<Step>> {
     prop::collection::vec(
         (
-            prop_oneof![4 => 0u64..30, 1 => 30u64..300],
+            prop_oneof![40 => 0u64..30, 10 => 30u64..300, 1 => 2_000u64..6_000],
             prop::bool::weighted(0.02),
             op(),
         )
@@ -133,6 +146,8 @@ struct Checker {
     /// Who holds each key, and with which token, according to the events.
     holders: HashMap<String, (u64, u64)>,
     highest_fence: u64,
+    /// Releases answered with a request id: (key, fence, id).
+    released: HashSet<(String, u64, u64)>,
     /// What was applied, for replays.
     log: Vec<(Stamp, Command, Outcome, Vec<Event>)>,
 }
@@ -146,6 +161,7 @@ impl Checker {
             granted: Vec::new(),
             holders: HashMap::new(),
             highest_fence: 0,
+            released: HashSet::new(),
             log: Vec::new(),
         }
     }
@@ -172,7 +188,28 @@ impl Checker {
 
     fn command(&self, op: &Op) -> Command {
         match op.clone() {
-            Op::Grant { ttl_ms, holder } => Command::Grant { ttl_ms, holder },
+            Op::Grant {
+                ttl_ms,
+                holder,
+                request_id,
+            } => Command::Grant {
+                ttl_ms,
+                holder,
+                request_id,
+            },
+            Op::GrantAndAcquire {
+                ttl_ms,
+                key,
+                wait_ms,
+                request_id,
+            } => Command::GrantAndAcquire {
+                ttl_ms,
+                holder: "one-lock".into(),
+                key: KEYS[key].into(),
+                wait_ms,
+                lock_delay_ms: 0,
+                request_id,
+            },
             Op::KeepAlive(l) => Command::KeepAlive {
                 lease: self.lease(l),
             },
@@ -251,8 +288,15 @@ impl Checker {
             &command
         {
             let holds = before.get(key).is_some_and(|h| h.1 == *fence);
-            let retried =
-                matches!(&command, Command::Release { request_id, .. } if *request_id != 0);
+            // Only a retry of the same release (same key, token and id) is
+            // answered "released" without holding.
+            let retried = matches!(&command, Command::Release { request_id, .. }
+                if self.released.contains(&(key.clone(), *fence, *request_id)));
+            if let (Command::Release { request_id, .. }, Ok(_)) = (&command, &outcome) {
+                if *request_id != 0 {
+                    self.released.insert((key.clone(), *fence, *request_id));
+                }
+            }
             if !holds && !retried {
                 prop_assert!(
                     outcome.is_err(),
@@ -271,8 +315,20 @@ impl Checker {
                 outcome
             );
         }
-        if let Ok(Response::LeaseGranted { lease, .. }) = &outcome {
-            self.granted.push(*lease);
+        let made = match &outcome {
+            Ok(Response::LeaseGranted { lease, .. }) => Some(*lease),
+            Ok(Response::Acquired(g)) if matches!(command, Command::GrantAndAcquire { .. }) => {
+                Some(g.lease)
+            }
+            Ok(Response::Queued { lease, .. })
+                if matches!(command, Command::GrantAndAcquire { .. }) =>
+            {
+                Some(*lease)
+            }
+            _ => None,
+        };
+        if let Some(lease) = made.filter(|l| !self.granted.contains(l)) {
+            self.granted.push(lease);
         }
 
         for key in KEYS {
@@ -383,6 +439,9 @@ fn random_runs_reach_contention_queues_and_expiry() {
         }
         for (_, command, outcome, events) in &checker.log {
             let name = match outcome {
+                Err(leasehold_core::LockError::Invalid { field, .. }) if field == "request_id" => {
+                    "request id reused"
+                }
                 Ok(Response::Acquired(_)) => "acquired",
                 Ok(Response::Queued { .. }) => "queued",
                 Ok(Response::Released) => "released",
@@ -394,6 +453,7 @@ fn random_runs_reach_contention_queues_and_expiry() {
                 if matches!(e, Event::Expired { .. }) {
                     *counts.entry("expired").or_default() += 1;
                 }
+
                 if matches!(e, Event::Acquired { .. })
                     && !matches!(command, Command::Acquire { .. })
                 {
@@ -411,6 +471,7 @@ fn random_runs_reach_contention_queues_and_expiry() {
         "lease_expired",
         "expired",
         "lock_delayed",
+        "request id reused",
     ] {
         assert!(
             counts.get(case).copied().unwrap_or(0) >= 5,

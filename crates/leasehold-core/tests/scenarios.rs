@@ -39,6 +39,7 @@ impl T {
         match self.run(Command::Grant {
             ttl_ms,
             holder: holder.into(),
+            request_id: 0,
         }) {
             Ok(Response::LeaseGranted { lease, .. }) => lease,
             other => panic!("grant: {other:?}"),
@@ -378,4 +379,220 @@ fn a_restored_table_serializes_to_the_same_bytes() {
     let restored: LockTable = bincode::deserialize(&bytes).expect("deserialize");
     assert_eq!(restored, t.table);
     assert_eq!(bincode::serialize(&restored).expect("serialize"), bytes);
+}
+
+/// Two callers that pick the same request id never get each other's answers:
+/// an acquire's id is scoped to its lease, a release's to the token it names,
+/// and an id reused for another request is refused by name.
+#[test]
+fn request_ids_are_scoped_to_their_caller() {
+    let mut t = T::new();
+    let a = t.lease(10_000, "a");
+    let b = t.lease(10_000, "b");
+    let acquire = |lease: u64, key: &str| Command::Acquire {
+        lease,
+        key: key.into(),
+        wait_ms: 0,
+        lock_delay_ms: 0,
+        request_id: 7,
+    };
+    let Ok(Response::Acquired(x)) = t.run(acquire(a, "x")) else {
+        panic!("a takes x")
+    };
+    // b picked the same id for another key: its own request, acted on.
+    let Ok(Response::Acquired(y)) = t.run(acquire(b, "y")) else {
+        panic!("b takes y")
+    };
+    assert_eq!((x.lease, y.lease), (a, b));
+    assert!(y.fence > x.fence);
+    assert_eq!(t.table.lock("y", t.now).unwrap().holder.unwrap().lease, b);
+    // a reuses its id for another key: refused, naming the id, nothing changes.
+    let before = t.table.clone();
+    match t.run(acquire(a, "z")) {
+        Err(LockError::Invalid { field, reason }) => {
+            assert_eq!(field, "request_id");
+            assert!(reason.contains("7") && reason.contains("\"x\""), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(t.table, before);
+
+    // A release with another caller's id releases what it names.
+    let release = |key: &str, fence: u64| Command::Release {
+        key: key.into(),
+        fence,
+        request_id: 9,
+    };
+    t.run(release("x", x.fence)).unwrap();
+    t.run(release("y", y.fence)).unwrap();
+    assert!(t.table.lock("y", t.now).is_none(), "y was really released");
+    // The same release retried: the first answer. A stale token with a fresh id: refused.
+    assert_eq!(t.run(release("x", x.fence)), Ok(Response::Released));
+    assert!(matches!(
+        t.run(Command::Release {
+            key: "x".into(),
+            fence: x.fence,
+            request_id: 10
+        }),
+        Err(LockError::StaleFence { .. })
+    ));
+}
+
+/// A grant is retry-safe, and "grant a lease and acquire" is one command: a
+/// retry answers with the same lease and token and leaks nothing; a refusal
+/// leaves no lease behind.
+#[test]
+fn grants_and_grant_and_acquire_answer_a_retry_with_the_same_lease() {
+    let mut t = T::new();
+    let grant = Command::Grant {
+        ttl_ms: 10_000,
+        holder: "g".into(),
+        request_id: 5,
+    };
+    let first = t.run(grant.clone()).unwrap();
+    assert_eq!(t.run(grant).unwrap(), first);
+    assert_eq!(t.table.lease_count(), 1);
+    assert!(matches!(
+        t.run(Command::Grant {
+            ttl_ms: 20_000,
+            holder: "g".into(),
+            request_id: 5
+        }),
+        Err(LockError::Invalid { .. })
+    ));
+
+    let take = |key: &str, wait_ms: u64| Command::GrantAndAcquire {
+        ttl_ms: 30_000,
+        holder: "curl".into(),
+        key: key.into(),
+        wait_ms,
+        lock_delay_ms: 0,
+        request_id: 9,
+    };
+    let Ok(Response::Acquired(r)) = t.run(take("r", 0)) else {
+        panic!()
+    };
+    let leases = t.table.lease_count();
+    assert_eq!(t.run(take("r", 0)), Ok(Response::Acquired(r.clone())));
+    assert_eq!(t.table.lease_count(), leases, "a retry grants no lease");
+    assert_eq!(
+        t.table.lock("r", t.now).unwrap().holder.unwrap().lease,
+        r.lease
+    );
+    // The same id for another key is another request: refused.
+    assert!(matches!(
+        t.run(take("s", 0)),
+        Err(LockError::Invalid { .. })
+    ));
+
+    // Refused because held: no lease is left behind.
+    let before = t.table.clone();
+    let refused = t.run(Command::GrantAndAcquire {
+        ttl_ms: 30_000,
+        holder: "other".into(),
+        key: "r".into(),
+        wait_ms: 0,
+        lock_delay_ms: 0,
+        request_id: 10,
+    });
+    assert!(
+        matches!(refused, Err(LockError::Held { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(t.table, before);
+
+    // Queued on a new lease; the retry keeps its place and gets the grant.
+    let wait = Command::GrantAndAcquire {
+        ttl_ms: 30_000,
+        holder: "waiter".into(),
+        key: "r".into(),
+        wait_ms: 5_000,
+        lock_delay_ms: 0,
+        request_id: 11,
+    };
+    let Ok(Response::Queued { lease: w, .. }) = t.run(wait.clone()) else {
+        panic!()
+    };
+    assert!(matches!(t.run(wait.clone()), Ok(Response::Queued { lease, .. }) if lease == w));
+    t.run(Command::Release {
+        key: "r".into(),
+        fence: r.fence,
+        request_id: 0,
+    })
+    .unwrap();
+    let Ok(Response::Acquired(g)) = t.run(wait) else {
+        panic!()
+    };
+    assert_eq!(g.lease, w);
+    assert_eq!(
+        t.table.lock("r", t.now).unwrap().holder.unwrap().fence,
+        g.fence
+    );
+}
+
+/// After a new leadership (a restart), a queued waiter whose caller does not
+/// come back within REATTACH_MS is withdrawn, and a grant made to it in that
+/// window is taken back; a caller that comes back keeps its place and grant.
+#[test]
+fn waiters_nobody_comes_back_for_after_a_new_leadership_are_withdrawn() {
+    use leasehold_core::REATTACH_MS;
+    let mut t = T::new();
+    let [a, ghost, live] = ["a", "ghost", "live"].map(|h| t.lease(60_000, h));
+    let fa = t.fence(a, "job");
+    let wait = |lease: u64, request_id: u64| Command::Acquire {
+        lease,
+        key: "job".into(),
+        wait_ms: 60_000,
+        lock_delay_ms: 0,
+        request_id,
+    };
+    t.run(wait(ghost, 1)).unwrap();
+    t.run(wait(live, 2)).unwrap();
+
+    // The server restarts: a new epoch. The holder releases at once; the
+    // ghost is first in line and gets a grant nobody will receive.
+    t.epoch += 1;
+    t.at(1_000).run(Command::Tick).unwrap();
+    t.run(Command::Release {
+        key: "job".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    assert_eq!(t.granted()[0].1, ghost);
+    // The live caller comes back (its retry with the same id).
+    assert!(matches!(t.run(wait(live, 2)), Ok(Response::Queued { .. })));
+
+    // Nobody came for the ghost's grant: taken back, and the live waiter gets it.
+    t.at(1_000 + REATTACH_MS).run(Command::Tick).unwrap();
+    let holder = t.table.lock("job", t.now).unwrap().holder.unwrap();
+    assert_eq!(
+        holder.lease, live,
+        "the ghost's grant went to the live waiter"
+    );
+    assert_eq!(t.granted()[0].1, live);
+    // The ghost's late retry is not answered with the grant taken back.
+    assert!(matches!(t.run(wait(ghost, 1)), Ok(Response::Queued { .. })));
+
+    // Another restart: a queued waiter that never comes back is withdrawn
+    // with its reason; one that does stays in line.
+    let c = t.lease(60_000, "c");
+    t.run(wait(c, 3)).unwrap();
+    t.epoch += 1;
+    t.at(10_000).run(Command::Tick).unwrap();
+    t.at(10_500).run(wait(c, 3)).unwrap();
+    t.at(10_000 + REATTACH_MS).run(Command::Tick).unwrap();
+    assert!(t.events.iter().any(|e| matches!(
+        e,
+        Event::WaitEnded { lease, reason: WaitEnd::Abandoned, .. } if *lease == ghost
+    )));
+    let waiters: Vec<u64> = t
+        .table
+        .lock("job", t.now)
+        .unwrap()
+        .waiters
+        .iter()
+        .map(|w| w.lease)
+        .collect();
+    assert_eq!(waiters, vec![c]);
 }

@@ -58,9 +58,10 @@ impl<D: Decoder<Error = Status>> Decoder for InvalidOnError<D> {
                 "invalid body: the message cannot be decoded: {}",
                 e.message()
             ));
-            status
-                .metadata_mut()
-                .insert("leasehold-code", MetadataValue::from_static("invalid_argument"));
+            status.metadata_mut().insert(
+                "leasehold-code",
+                MetadataValue::from_static("invalid_argument"),
+            );
             status
         })
     }

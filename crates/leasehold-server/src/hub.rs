@@ -7,6 +7,8 @@ use std::sync::Mutex;
 use leasehold_core::{Event, Grant, LeaseId, WaitEnd};
 use tokio::sync::{broadcast, oneshot, Notify};
 
+use crate::metrics::Metrics;
+
 /// How a queued wait ended.
 #[derive(Debug, Clone)]
 pub enum WaitResult {
@@ -25,6 +27,8 @@ pub struct Hub {
     /// Signalled after every applied batch, so the expiry driver can look at
     /// the next deadline again.
     pub applied: Notify,
+    /// What `/metrics` exports; the state machine counts lock events here.
+    pub metrics: Metrics,
 }
 
 impl Default for Hub {
@@ -33,6 +37,7 @@ impl Default for Hub {
             waiters: Mutex::new(HashMap::new()),
             watch: broadcast::channel(4096).0,
             applied: Notify::new(),
+            metrics: Metrics::default(),
         }
     }
 }
@@ -77,6 +82,7 @@ impl Hub {
         if events.is_empty() {
             return;
         }
+        self.metrics.events(events);
         {
             let mut waiters = self.waiters();
             if !waiters.is_empty() {
@@ -92,6 +98,7 @@ impl Hub {
                             *lease,
                             key,
                             WaitResult::Granted(Grant {
+                                lease: *lease,
                                 fence: *fence,
                                 checkpoint: checkpoint.clone(),
                             }),

@@ -6,6 +6,7 @@
 //!   types stay in this module.
 //! - [`hub`]: hands applied events to queued acquirers and watch streams.
 //! - [`service`]: the operations, validated at the edge, over [`raft::Consensus`].
+//! - [`metrics`]: Prometheus metrics.
 //! - [`expiry`]: the leader's driver that proposes ticks when something is due.
 //! - [`api`]: gRPC (tonic) and HTTP/JSON (axum) on one port, errors mapped in one place.
 //! - [`server`]: wiring, for the binary and for tests.
@@ -13,6 +14,7 @@
 pub mod api;
 pub mod expiry;
 pub mod hub;
+pub mod metrics;
 pub mod raft;
 pub mod server;
 pub mod service;

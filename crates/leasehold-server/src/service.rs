@@ -27,6 +27,12 @@ pub enum ApiError {
     /// This node cannot serve it now.
     #[error(transparent)]
     Consensus(#[from] ConsensusError),
+    /// No such route (HTTP).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The route exists but not with this method (HTTP).
+    #[error("method not allowed: {0}")]
+    MethodNotAllowed(String),
     /// The server failed in a way the caller cannot fix.
     #[error("internal error: {0}")]
     Internal(String),
@@ -47,16 +53,32 @@ impl ApiError {
             ApiError::Lock(e) => e.code(),
             ApiError::Consensus(ConsensusError::NotLeader { .. }) => "not_leader",
             ApiError::Consensus(_) => "unavailable",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::Internal(_) => "internal",
         }
     }
+}
+
+/// The lease an acquire is made under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseSpec {
+    /// A live lease.
+    Existing(LeaseId),
+    /// A new lease for this lock alone, granted in the same step.
+    New {
+        /// Its TTL.
+        ttl_ms: u64,
+        /// Its holder's name.
+        holder: String,
+    },
 }
 
 /// An acquire request.
 #[derive(Debug, Clone)]
 pub struct AcquireArgs {
     /// The lease the lock hangs off.
-    pub lease: LeaseId,
+    pub lease: LeaseSpec,
     /// The key.
     pub key: String,
     /// 0 to answer at once; otherwise wait in the queue up to this long.
@@ -88,15 +110,54 @@ impl LockService {
         &self.consensus
     }
 
+    /// Runs one call and counts it in the metrics.
+    async fn measured<T>(
+        &self,
+        op: &'static str,
+        call: impl std::future::Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
+        let started = std::time::Instant::now();
+        let result = call.await;
+        let code = result.as_ref().err().map_or("ok", ApiError::code);
+        self.consensus
+            .hub()
+            .metrics
+            .request(op, code, started.elapsed());
+        result
+    }
+
     async fn propose(&self, command: Command) -> Result<Response, ApiError> {
         Ok(self.consensus.propose(command).await??)
     }
 
-    /// Creates a lease.
-    pub async fn grant(&self, ttl_ms: u64, holder: String) -> Result<(LeaseId, u64), ApiError> {
+    /// Creates a lease. A retry with the same `request_id` (and the same TTL
+    /// and holder) answers with the lease the first one made.
+    pub async fn grant(
+        &self,
+        ttl_ms: u64,
+        holder: String,
+        request_id: RequestId,
+    ) -> Result<(LeaseId, u64), ApiError> {
+        self.measured("grant", self.grant_unmeasured(ttl_ms, holder, request_id))
+            .await
+    }
+
+    /// Creates a lease. A retry with the same `request_id` (and the same TTL
+    /// and holder) answers with the lease the first one made.
+    async fn grant_unmeasured(
+        &self,
+        ttl_ms: u64,
+        holder: String,
+        request_id: RequestId,
+    ) -> Result<(LeaseId, u64), ApiError> {
         limits::validate_ttl(ttl_ms)?;
         limits::validate_holder(&holder)?;
-        match self.propose(Command::Grant { ttl_ms, holder }).await? {
+        let command = Command::Grant {
+            ttl_ms,
+            holder,
+            request_id,
+        };
+        match self.propose(command).await? {
             Response::LeaseGranted { lease, ttl_ms } => Ok((lease, ttl_ms)),
             other => Err(unexpected(other)),
         }
@@ -104,6 +165,12 @@ impl LockService {
 
     /// Renews a lease to its full TTL.
     pub async fn keep_alive(&self, lease: LeaseId) -> Result<u64, ApiError> {
+        self.measured("keep_alive", self.keep_alive_unmeasured(lease))
+            .await
+    }
+
+    /// Renews a lease to its full TTL.
+    async fn keep_alive_unmeasured(&self, lease: LeaseId) -> Result<u64, ApiError> {
         match self.propose(Command::KeepAlive { lease }).await? {
             Response::Renewed { ttl_ms } => Ok(ttl_ms),
             other => Err(unexpected(other)),
@@ -112,10 +179,22 @@ impl LockService {
 
     /// Ends a lease, releasing its locks.
     pub async fn revoke(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
+        self.measured("revoke", self.revoke_unmeasured(lease)).await
+    }
+
+    /// Ends a lease, releasing its locks.
+    async fn revoke_unmeasured(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
         match self.propose(Command::Revoke { lease }).await? {
             Response::Revoked { released } => Ok(released),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Acquires a lock, at once or waiting in the key's queue (the rules are
+    /// on the unmeasured body below).
+    pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
+        self.measured("acquire", self.acquire_unmeasured(args))
+            .await
     }
 
     /// Acquires a lock, waiting in the key's queue when `wait_ms > 0`.
@@ -123,16 +202,31 @@ impl LockService {
     /// The table ends a wait at its deadline; this call only listens for the
     /// outcome. If the caller goes away first (the future is dropped), the
     /// wait is withdrawn, and a grant that raced with the withdrawal is
-    /// released, since nobody would ever learn of it.
-    pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
+    /// released, since nobody would ever learn of it. A wait on a lease made
+    /// for it that ends without a grant revokes that lease.
+    async fn acquire_unmeasured(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
         limits::validate_key(&args.key)?;
         limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
-        let command = Command::Acquire {
-            lease: args.lease,
-            key: args.key.clone(),
-            wait_ms: args.wait_ms,
-            lock_delay_ms: args.lock_delay_ms,
-            request_id: args.request_id,
+        let command = match &args.lease {
+            LeaseSpec::Existing(lease) => Command::Acquire {
+                lease: *lease,
+                key: args.key.clone(),
+                wait_ms: args.wait_ms,
+                lock_delay_ms: args.lock_delay_ms,
+                request_id: args.request_id,
+            },
+            LeaseSpec::New { ttl_ms, holder } => {
+                limits::validate_ttl(*ttl_ms)?;
+                limits::validate_holder(holder)?;
+                Command::GrantAndAcquire {
+                    ttl_ms: *ttl_ms,
+                    holder: holder.clone(),
+                    key: args.key.clone(),
+                    wait_ms: args.wait_ms,
+                    lock_delay_ms: args.lock_delay_ms,
+                    request_id: args.request_id,
+                }
+            }
         };
         if args.wait_ms == 0 {
             return match self.propose(command).await? {
@@ -140,12 +234,43 @@ impl LockService {
                 other => Err(unexpected(other)),
             };
         }
+        let lease = match args.lease {
+            LeaseSpec::Existing(lease) => lease,
+            // The new lease's id is known only from the answer: queue (or
+            // take the key) first, then wait as that lease.
+            LeaseSpec::New { .. } => match self.propose(command).await? {
+                Response::Acquired(grant) => return Ok(grant),
+                Response::Queued { lease, .. } => {
+                    let waited = self.wait(lease, &args).await;
+                    if waited.is_err() {
+                        // Made for this lock alone: do not leave it behind.
+                        let _ = self.revoke_unmeasured(lease).await;
+                    }
+                    return waited;
+                }
+                other => return Err(unexpected(other)),
+            },
+        };
+        self.wait(lease, &args).await
+    }
 
+    /// Acquires `args.key` under `lease` as a wait: registers for the
+    /// outcome, proposes the acquire (the same request again, if it was
+    /// proposed before: that re-attaches to the wait and answers a grant that
+    /// came in between), and listens.
+    async fn wait(&self, lease: LeaseId, args: &AcquireArgs) -> Result<Grant, ApiError> {
+        let command = Command::Acquire {
+            lease,
+            key: args.key.clone(),
+            wait_ms: args.wait_ms,
+            lock_delay_ms: args.lock_delay_ms,
+            request_id: args.request_id,
+        };
         let hub = self.consensus.hub().clone();
-        let outcome = hub.wait_for(args.lease, &args.key);
+        let outcome = hub.wait_for(lease, &args.key);
         let mut cancel = CancelOnDrop {
             consensus: Some(self.consensus.clone()),
-            lease: args.lease,
+            lease,
             key: args.key.clone(),
             request_id: args.request_id,
         };
@@ -159,7 +284,7 @@ impl LockService {
                 match tokio::time::timeout(limit, outcome).await {
                     Ok(Ok(WaitResult::Granted(grant))) => Ok(grant),
                     Ok(Ok(WaitResult::Ended(WaitEnd::LeaseGone))) => {
-                        Err(LockError::LeaseExpired { lease: args.lease }.into())
+                        Err(LockError::LeaseExpired { lease }.into())
                     }
                     Ok(Ok(WaitResult::Ended(_))) => Err(LockError::WaitTimeout {
                         key: args.key.clone(),
@@ -167,7 +292,7 @@ impl LockService {
                     .into()),
                     // No outcome: leave `cancel` armed so the wait is withdrawn.
                     Ok(Err(_)) | Err(_) => {
-                        hub.forget(args.lease, &args.key);
+                        hub.forget(lease, &args.key);
                         return Err(LockError::WaitTimeout {
                             key: args.key.clone(),
                         }
@@ -179,17 +304,28 @@ impl LockService {
             Err(ApiError::Lock(e)) => Err(e.into()),
             // The outcome is unknown: leave `cancel` armed.
             Err(e) => {
-                hub.forget(args.lease, &args.key);
+                hub.forget(lease, &args.key);
                 return Err(e);
             }
         };
         cancel.consensus = None;
-        hub.forget(args.lease, &args.key);
+        hub.forget(lease, &args.key);
         result
     }
 
     /// Releases a lock held with `fence`.
     pub async fn release(
+        &self,
+        key: String,
+        fence: Fence,
+        request_id: RequestId,
+    ) -> Result<(), ApiError> {
+        self.measured("release", self.release_unmeasured(key, fence, request_id))
+            .await
+    }
+
+    /// Releases a lock held with `fence`.
+    async fn release_unmeasured(
         &self,
         key: String,
         fence: Fence,
@@ -216,6 +352,20 @@ impl LockService {
         fence: Fence,
         data: Vec<u8>,
     ) -> Result<(), ApiError> {
+        self.measured(
+            "save_checkpoint",
+            self.save_checkpoint_unmeasured(key, fence, data),
+        )
+        .await
+    }
+
+    /// Stores a checkpoint with a lock held with `fence`.
+    async fn save_checkpoint_unmeasured(
+        &self,
+        key: String,
+        fence: Fence,
+        data: Vec<u8>,
+    ) -> Result<(), ApiError> {
         limits::validate_key(&key)?;
         limits::validate_checkpoint(&data)?;
         match self
@@ -235,17 +385,7 @@ impl LockService {
 
     /// Locks under a prefix.
     pub async fn locks(&self, prefix: &str, limit: usize) -> Result<Vec<LockView>, ApiError> {
-        if prefix.len() > limits::MAX_KEY_LEN {
-            return Err(LockError::Invalid {
-                field: "prefix".into(),
-                reason: format!(
-                    "is {} bytes; the limit is {}",
-                    prefix.len(),
-                    limits::MAX_KEY_LEN
-                ),
-            }
-            .into());
-        }
+        validate_prefix(prefix)?;
         let limit = if limit == 0 {
             MAX_LIST
         } else {
@@ -257,9 +397,12 @@ impl LockService {
             .await?)
     }
 
-    /// One lease.
-    pub async fn lease(&self, id: LeaseId) -> Result<Option<LeaseView>, ApiError> {
-        Ok(self.consensus.read(|t, now| t.lease(id, now)).await?)
+    /// One live lease; the same error as a keepalive for one that is not.
+    pub async fn lease(&self, id: LeaseId) -> Result<LeaseView, ApiError> {
+        Ok(self
+            .consensus
+            .read(|t, now| t.lease(id, now).ok_or_else(|| t.no_lease(id)))
+            .await??)
     }
 
     /// Leases in id order.
@@ -273,12 +416,28 @@ impl LockService {
     }
 
     /// Lock events from now on, for keys under `prefix`.
-    pub fn watch(&self, prefix: String) -> Watch {
-        Watch {
+    pub fn watch(&self, prefix: String) -> Result<Watch, ApiError> {
+        validate_prefix(&prefix)?;
+        Ok(Watch {
             rx: self.consensus.hub().subscribe(),
             prefix,
-        }
+        })
     }
+}
+
+/// A key prefix (for lists and watches) is held to the key's length limit.
+fn validate_prefix(prefix: &str) -> Result<(), ApiError> {
+    if prefix.len() > limits::MAX_KEY_LEN {
+        return Err(ApiError::invalid(
+            "prefix",
+            format!(
+                "is {} bytes; the limit is {}",
+                prefix.len(),
+                limits::MAX_KEY_LEN
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A subscription to lock events under a prefix.

@@ -96,6 +96,7 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
             c.grant(pb::GrantRequest {
                 ttl_ms: 0,
                 holder: String::new(),
+                ..Default::default()
             })
             .await
             .map(drop),
@@ -107,6 +108,7 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
             c.grant(pb::GrantRequest {
                 ttl_ms: 24 * 3600 * 1000 + 1,
                 holder: String::new(),
+                ..Default::default()
             })
             .await
             .map(drop),
@@ -118,6 +120,7 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
             c.grant(pb::GrantRequest {
                 ttl_ms: 1000,
                 holder: "h".repeat(257),
+                ..Default::default()
             })
             .await
             .map(drop),
@@ -477,6 +480,7 @@ async fn frames_reject_bad_input_with_typed_errors() {
                 &pb::GrantRequest {
                     ttl_ms: 1,
                     holder: String::new(),
+                    ..Default::default()
                 },
             ),
         ),

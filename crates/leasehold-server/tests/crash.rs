@@ -24,6 +24,7 @@ async fn acknowledged_grants_survive(server: &mut Leaseholdd, round: &str) {
                     .grant(pb::GrantRequest {
                         ttl_ms: 120_000,
                         holder: format!("t{t}"),
+                        ..Default::default()
                     })
                     .await
                 {

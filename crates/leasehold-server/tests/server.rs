@@ -416,6 +416,7 @@ async fn the_framed_protocol_answers_pipelined_calls_by_id() {
     let grant = |holder: &str| pb::GrantRequest {
         ttl_ms: 10_000,
         holder: holder.into(),
+        ..Default::default()
     };
     a.send(vec![
         Frame::new(7, Op::Grant as u8, &grant("host-a/pid-1")),

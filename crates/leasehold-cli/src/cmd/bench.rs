@@ -394,6 +394,7 @@ async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Res
                 c.grant(pb::GrantRequest {
                     ttl_ms,
                     holder: format!("bench-{i}"),
+                    request_id: 0,
                 })
                 .await?
                 .into_inner()
@@ -437,6 +438,7 @@ async fn hold(
         .grant(pb::GrantRequest {
             ttl_ms,
             holder: "bench-hold".into(),
+            request_id: 0,
         })
         .await?
         .into_inner()

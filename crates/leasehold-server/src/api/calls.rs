@@ -4,12 +4,12 @@
 
 use leasehold_proto::v1 as pb;
 
-use crate::service::{AcquireArgs, ApiError, LockService};
+use crate::service::{AcquireArgs, ApiError, LeaseSpec, LockService};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
 pub async fn grant(s: &LockService, r: pb::GrantRequest) -> Result<pb::GrantResponse> {
-    let (lease_id, ttl_ms) = s.grant(r.ttl_ms, r.holder).await?;
+    let (lease_id, ttl_ms) = s.grant(r.ttl_ms, r.holder, r.request_id).await?;
     Ok(pb::GrantResponse { lease_id, ttl_ms })
 }
 
@@ -26,7 +26,13 @@ pub async fn revoke(s: &LockService, r: pb::RevokeRequest) -> Result<pb::RevokeR
 pub async fn acquire(s: &LockService, r: pb::AcquireRequest) -> Result<pb::AcquireResponse> {
     let grant = s
         .acquire(AcquireArgs {
-            lease: r.lease_id,
+            lease: match r.lease_id {
+                0 => LeaseSpec::New {
+                    ttl_ms: r.ttl_ms,
+                    holder: r.holder,
+                },
+                lease => LeaseSpec::Existing(lease),
+            },
             key: r.key,
             wait_ms: r.wait_ms,
             lock_delay_ms: r.lock_delay_ms,
@@ -34,6 +40,7 @@ pub async fn acquire(s: &LockService, r: pb::AcquireRequest) -> Result<pb::Acqui
         })
         .await?;
     Ok(pb::AcquireResponse {
+        lease_id: grant.lease,
         fence: grant.fence,
         checkpoint_fence: grant.checkpoint.as_ref().map_or(0, |c| c.fence),
         checkpoint: grant.checkpoint.map(|c| c.data.to_vec()),

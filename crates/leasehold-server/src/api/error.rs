@@ -11,6 +11,8 @@
 //! | `wait_timeout`     | `DEADLINE_EXCEEDED`   | 408  |
 //! | `not_leader`       | `UNAVAILABLE`         | 503  |
 //! | `unavailable`      | `UNAVAILABLE`         | 503  |
+//! | `not_found`        | `UNIMPLEMENTED`       | 404  |
+//! | `method_not_allowed` | `UNIMPLEMENTED`     | 405  |
 //! | `internal`         | `INTERNAL`            | 500  |
 //!
 //! gRPC statuses carry the code in the `leasehold-code` metadata entry, plus
@@ -37,6 +39,7 @@ fn grpc_code(e: &ApiError) -> tonic::Code {
         ApiError::Lock(LockError::WaitTimeout { .. }) => tonic::Code::DeadlineExceeded,
         ApiError::Lock(_) => tonic::Code::FailedPrecondition,
         ApiError::Consensus(_) => tonic::Code::Unavailable,
+        ApiError::NotFound(_) | ApiError::MethodNotAllowed(_) => tonic::Code::Unimplemented,
         ApiError::Internal(_) => tonic::Code::Internal,
     }
 }
@@ -49,6 +52,8 @@ fn http_status(e: &ApiError) -> StatusCode {
         ApiError::Lock(LockError::WaitTimeout { .. }) => StatusCode::REQUEST_TIMEOUT,
         ApiError::Lock(_) => StatusCode::CONFLICT,
         ApiError::Consensus(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+        ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -3,7 +3,7 @@
 use std::pin::Pin;
 
 use futures::Stream;
-use leasehold_core::{LeaseView, LockError, LockView};
+use leasehold_core::{LeaseView, LockView};
 use leasehold_proto::v1 as pb;
 use pb::leasehold_server::{Leasehold, LeaseholdServer};
 use tonic::{Request, Response, Status};
@@ -137,10 +137,7 @@ impl Leasehold for Grpc {
         request: Request<pb::DescribeLeaseRequest>,
     ) -> Result<Response<pb::LeaseInfo>, Status> {
         let lease = request.into_inner().lease_id;
-        match self.service.lease(lease).await? {
-            Some(v) => Ok(Response::new(lease_info(v))),
-            None => Err(ApiError::from(LockError::LeaseNotFound { lease }).into()),
-        }
+        Ok(Response::new(lease_info(self.service.lease(lease).await?)))
     }
 
     async fn list_leases(
@@ -163,7 +160,7 @@ impl Leasehold for Grpc {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let prefix = request.into_inner().prefix;
-        let watch = self.service.watch(prefix);
+        let watch = self.service.watch(prefix)?;
         let stream = futures::stream::unfold(Some(watch), |watch| async move {
             let mut watch = watch?;
             match watch.next().await {

@@ -15,23 +15,108 @@
 //! | `GET /v1/locks/KEY`              | describe one lock (KEY may contain `/`)      |
 //! | `GET /v1/watch[?prefix=]`        | server-sent events: acquired/released/expired|
 
+//!
+//! Every error, including an unknown path, a wrong method, an undecodable
+//! path segment and a body that is not exactly one JSON object, is the JSON
+//! body `{"error": {"code", "message", ...}}` of [`super::error`].
+
 use std::convert::Infallible;
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{async_trait, Json, Router};
 use base64::Engine;
+use bytes::Bytes;
 use futures::Stream;
-use leasehold_core::{LockError, LockView};
+use leasehold_core::LockView;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::service::{AcquireArgs, ApiError, LockService};
+use crate::service::{AcquireArgs, ApiError, LeaseSpec, LockService};
 
 type Result<T> = std::result::Result<T, ApiError>;
+
+/// A JSON request body: exactly one JSON value (nothing after it), whatever
+/// the content type says.
+struct Body<T>(T);
+
+#[async_trait]
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::invalid("body", e.body_text()))?;
+        // `from_slice` refuses trailing bytes after the value.
+        serde_json::from_slice(&bytes)
+            .map(Body)
+            .map_err(|e| ApiError::invalid("body", e))
+    }
+}
+
+/// The path's one parameter, percent-decoded as UTF-8.
+struct Param(String);
+
+#[async_trait]
+impl<S: Send + Sync> FromRequestParts<S> for Param {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|p| Param(p.0))
+            .map_err(|e| ApiError::invalid("path", e.body_text()))
+    }
+}
+
+/// The query string.
+struct Query<T>(T);
+
+#[async_trait]
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Query(q.0))
+            .map_err(|e| ApiError::invalid("query", e.body_text()))
+    }
+}
+
+/// Any path no route has: a JSON 404, or gRPC's `UNIMPLEMENTED` to a gRPC
+/// call of a method this server does not have.
+pub async fn not_found(request: Request) -> Response {
+    let grpc = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if grpc {
+        let status = tonic::Status::unimplemented(format!("no method {}", request.uri().path()));
+        return status.into_http().map(axum::body::Body::new);
+    }
+    ApiError::NotFound(format!(
+        "no route {} {}",
+        request.method(),
+        request.uri().path()
+    ))
+    .into_response()
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    ApiError::MethodNotAllowed(format!(
+        "{} is not allowed on {}",
+        request.method(),
+        request.uri().path()
+    ))
+    .into_response()
+}
 
 /// The HTTP routes over `service`.
 pub fn router(service: LockService) -> Router {
@@ -47,17 +132,8 @@ pub fn router(service: LockService) -> Router {
         .route("/v1/locks", get(list_locks))
         .route("/v1/locks/*key", get(describe_lock))
         .route("/v1/watch", get(watch))
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
-}
-
-fn body<T>(json: std::result::Result<Json<T>, JsonRejection>) -> Result<T> {
-    json.map(|Json(t)| t)
-        .map_err(|e| ApiError::invalid("body", e.body_text()))
-}
-
-fn query<T>(q: std::result::Result<Query<T>, QueryRejection>) -> Result<T> {
-    q.map(|Query(t)| t)
-        .map_err(|e| ApiError::invalid("query", e.body_text()))
 }
 
 fn lease_id(raw: &str) -> Result<u64> {
@@ -75,25 +151,12 @@ async fn health(State(s): State<LockService>) -> Json<Value> {
 }
 
 async fn metrics(State(s): State<LockService>) -> impl IntoResponse {
-    let (leases, held, next_fence, now) = s
-        .consensus()
-        .read_local(|t| (t.lease_count(), t.held_count(), t.next_fence(), t.now()));
-    let leader = u8::from(s.consensus().now().is_some());
-    let text = format!(
-        "# HELP leasehold_leases Live leases.\n# TYPE leasehold_leases gauge\nleasehold_leases {leases}\n\
-         # HELP leasehold_locks_held Held locks.\n# TYPE leasehold_locks_held gauge\nleasehold_locks_held {held}\n\
-         # HELP leasehold_fence_next The next fencing token.\n# TYPE leasehold_fence_next counter\nleasehold_fence_next {next_fence}\n\
-         # HELP leasehold_raft_applied_index Last applied Raft log index.\n# TYPE leasehold_raft_applied_index counter\nleasehold_raft_applied_index {}\n\
-         # HELP leasehold_table_time_ms Table time in milliseconds.\n# TYPE leasehold_table_time_ms counter\nleasehold_table_time_ms {now}\n\
-         # HELP leasehold_is_leader Whether this node leads.\n# TYPE leasehold_is_leader gauge\nleasehold_is_leader {leader}\n",
-        s.consensus().last_applied()
-    );
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        text,
+        s.consensus().hub().metrics.render(s.consensus()),
     )
 }
 
@@ -103,14 +166,12 @@ struct GrantBody {
     ttl_ms: u64,
     #[serde(default)]
     holder: String,
+    #[serde(default)]
+    request_id: u64,
 }
 
-async fn grant(
-    State(s): State<LockService>,
-    b: std::result::Result<Json<GrantBody>, JsonRejection>,
-) -> Result<Json<Value>> {
-    let b = body(b)?;
-    let (lease, ttl_ms) = s.grant(b.ttl_ms, b.holder).await?;
+async fn grant(State(s): State<LockService>, Body(b): Body<GrantBody>) -> Result<Json<Value>> {
+    let (lease, ttl_ms) = s.grant(b.ttl_ms, b.holder, b.request_id).await?;
     Ok(Json(json!({ "lease": lease, "ttl_ms": ttl_ms })))
 }
 
@@ -123,21 +184,13 @@ struct LimitQuery {
 
 async fn list_leases(
     State(s): State<LockService>,
-    q: std::result::Result<Query<LimitQuery>, QueryRejection>,
+    Query(q): Query<LimitQuery>,
 ) -> Result<Json<Value>> {
-    let q = query(q)?;
     Ok(Json(json!({ "leases": s.leases(q.limit).await? })))
 }
 
-async fn describe_lease(
-    State(s): State<LockService>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>> {
-    let lease = lease_id(&id)?;
-    match s.lease(lease).await? {
-        Some(v) => Ok(Json(json!(v))),
-        None => Err(LockError::LeaseNotFound { lease }.into()),
-    }
+async fn describe_lease(State(s): State<LockService>, Param(id): Param) -> Result<Json<Value>> {
+    Ok(Json(json!(s.lease(lease_id(&id)?).await?)))
 }
 
 #[derive(Serialize)]
@@ -147,13 +200,13 @@ struct KeepAliveReply {
 
 async fn keep_alive(
     State(s): State<LockService>,
-    Path(id): Path<String>,
+    Param(id): Param,
 ) -> Result<Json<KeepAliveReply>> {
     let ttl_ms = s.keep_alive(lease_id(&id)?).await?;
     Ok(Json(KeepAliveReply { ttl_ms }))
 }
 
-async fn revoke(State(s): State<LockService>, Path(id): Path<String>) -> Result<Json<Value>> {
+async fn revoke(State(s): State<LockService>, Param(id): Param) -> Result<Json<Value>> {
     let released = s.revoke(lease_id(&id)?).await?;
     Ok(Json(json!({ "released": released })))
 }
@@ -192,13 +245,15 @@ struct AcquireReply {
 
 async fn acquire(
     State(s): State<LockService>,
-    b: std::result::Result<Json<AcquireBody>, JsonRejection>,
+    Body(b): Body<AcquireBody>,
 ) -> Result<Json<AcquireReply>> {
-    let b = body(b)?;
-    leasehold_core::limits::validate_key(&b.key)?;
-    let (lease, fresh) = match (b.lease, b.ttl_ms) {
-        (Some(lease), None) => (lease, false),
-        (None, Some(ttl_ms)) => (s.grant(ttl_ms, b.holder).await?.0, true),
+    let lease = match (b.lease, b.ttl_ms) {
+        (Some(lease), None) => LeaseSpec::Existing(lease),
+        // One command: a retry with the same request id gets the same lease.
+        (None, Some(ttl_ms)) => LeaseSpec::New {
+            ttl_ms,
+            holder: b.holder,
+        },
         _ => {
             return Err(ApiError::invalid(
                 "lease",
@@ -206,7 +261,7 @@ async fn acquire(
             ))
         }
     };
-    let result = s
+    let grant = s
         .acquire(AcquireArgs {
             lease,
             key: b.key.clone(),
@@ -214,24 +269,14 @@ async fn acquire(
             lock_delay_ms: b.lock_delay_ms,
             request_id: b.request_id,
         })
-        .await;
-    let grant = match result {
-        Ok(g) => g,
-        Err(e) => {
-            if fresh {
-                // The lease was made for this lock only; do not leave it behind.
-                let _ = s.revoke(lease).await;
-            }
-            return Err(e);
-        }
-    };
+        .await?;
     let mut out = AcquireReply {
         checkpoint: None,
         checkpoint_base64: None,
         checkpoint_fence: None,
         fence: grant.fence,
         key: b.key,
-        lease,
+        lease: grant.lease,
     };
     if let Some(cp) = grant.checkpoint {
         out.checkpoint_fence = Some(cp.fence);
@@ -258,9 +303,8 @@ struct ReleaseReply {
 
 async fn release(
     State(s): State<LockService>,
-    b: std::result::Result<Json<ReleaseBody>, JsonRejection>,
+    Body(b): Body<ReleaseBody>,
 ) -> Result<Json<ReleaseReply>> {
-    let b = body(b)?;
     s.release(b.key.clone(), b.fence, b.request_id).await?;
     Ok(Json(ReleaseReply {
         fence: b.fence,
@@ -281,9 +325,8 @@ struct CheckpointBody {
 
 async fn checkpoint(
     State(s): State<LockService>,
-    b: std::result::Result<Json<CheckpointBody>, JsonRejection>,
+    Body(b): Body<CheckpointBody>,
 ) -> Result<Json<Value>> {
-    let b = body(b)?;
     let data = match (b.data, b.data_base64) {
         (Some(text), None) => text.into_bytes(),
         (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
@@ -315,16 +358,12 @@ struct ListQuery {
 
 async fn list_locks(
     State(s): State<LockService>,
-    q: std::result::Result<Query<ListQuery>, QueryRejection>,
+    Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>> {
-    let q = query(q)?;
     Ok(Json(json!({ "locks": s.locks(&q.prefix, q.limit).await? })))
 }
 
-async fn describe_lock(
-    State(s): State<LockService>,
-    Path(key): Path<String>,
-) -> Result<Json<Value>> {
+async fn describe_lock(State(s): State<LockService>, Param(key): Param) -> Result<Json<Value>> {
     let view = s.lock(&key).await?.unwrap_or(LockView {
         key,
         holder: None,
@@ -344,10 +383,9 @@ struct WatchQuery {
 
 async fn watch(
     State(s): State<LockService>,
-    q: std::result::Result<Query<WatchQuery>, QueryRejection>,
+    Query(q): Query<WatchQuery>,
 ) -> Result<Sse<impl Stream<Item = std::result::Result<SseEvent, Infallible>>>> {
-    let q = query(q)?;
-    let watch = s.watch(q.prefix);
+    let watch = s.watch(q.prefix)?;
     let stream = futures::stream::unfold(Some(watch), |watch| async move {
         let mut watch = watch?;
         let (event, next) = match watch.next().await {

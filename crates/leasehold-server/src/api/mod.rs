@@ -16,5 +16,5 @@ use crate::service::LockService;
 /// to the tonic service, everything else to the HTTP/JSON routes.
 pub fn router(service: LockService) -> axum::Router {
     let grpc = tonic::service::Routes::new(grpc::server(service.clone())).into_axum_router();
-    http::router(service).merge(grpc)
+    http::router(service).merge(grpc).fallback(http::not_found)
 }

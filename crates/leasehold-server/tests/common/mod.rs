@@ -20,6 +20,7 @@ pub async fn lease(c: &mut Grpc, ttl_ms: u64, holder: &str) -> u64 {
     c.grant(pb::GrantRequest {
         ttl_ms,
         holder: holder.into(),
+        ..Default::default()
     })
     .await
     .expect("grant")

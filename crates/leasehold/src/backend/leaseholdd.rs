@@ -39,6 +39,12 @@ use crate::{Error, Fence, Result};
 /// Attempts for an idempotent request when the server cannot be reached.
 const ATTEMPTS: usize = 3;
 
+/// Pause before retry `attempt` (1-based) of a request the server did not
+/// answer: 50 ms more each time, at most a second.
+fn backoff(attempt: usize) -> Duration {
+    Duration::from_millis((50 * attempt as u64).min(1_000))
+}
+
 /// The leaseholdd backend.
 pub struct Leaseholdd {
     /// Waiting acquires, status and watch.
@@ -236,17 +242,33 @@ impl Leaseholdd {
         private: bool,
     ) -> Result<Arc<Session>> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        // The deadline counts from the first send: a retry may be answered
+        // with the lease that send made.
         let sent_at = Instant::now();
+        // A retry with the same id gets the lease the first grant made, so a
+        // reply lost on the way leaves no lease behind.
         let grant = pb::GrantRequest {
             ttl_ms,
             holder: holder.to_string(),
+            request_id: rand::random::<u64>() | 1,
         };
-        let lease = self
-            .frames
-            .call::<pb::GrantResponse>(Op::Grant, &grant)
-            .await
-            .map_err(|e| e.into_error(""))?
-            .lease_id;
+        let mut attempt = 0;
+        let lease = loop {
+            match self
+                .frames
+                .call::<pb::GrantResponse>(Op::Grant, &grant)
+                .await
+            {
+                Ok(r) => break r.lease_id,
+                Err(e) => match e.into_error("") {
+                    Error::Unavailable(_) if attempt + 1 < ATTEMPTS => {
+                        attempt += 1;
+                        tokio::time::sleep(backoff(attempt)).await;
+                    }
+                    e => return Err(e),
+                },
+            }
+        };
         let frames = self.frames.clone();
         let keeper = Keeper::spawn(ttl, sent_at, move || {
             let frames = frames.clone();
@@ -312,9 +334,21 @@ impl Backend for Leaseholdd {
         wait: Option<Duration>,
     ) -> Result<Acquired> {
         let request_id = rand::random::<u64>() | 1;
-        let wait_ms = wait.map_or(0, |w| {
-            u64::try_from(w.as_millis()).unwrap_or(u64::MAX).max(1)
-        });
+        // A wait outlives the call that carries it: if the server restarts or
+        // leadership moves, the call breaks and is retried with the same
+        // request id until the wait's deadline, which re-attaches to the
+        // place in the queue (the server keeps it for a few seconds).
+        let wait_until = wait.map(|w| Instant::now() + w);
+        let wait_left = || {
+            wait_until.map_or(0, |until| {
+                let left = until.saturating_duration_since(Instant::now());
+                u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
+            })
+        };
+        let retry_unavailable = |attempt: usize| {
+            attempt + 1 < ATTEMPTS
+                || wait_until.is_some_and(|until| Instant::now() + backoff(attempt + 1) < until)
+        };
         let mut renewed_session = false;
         let mut attempt = 0;
         let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
@@ -322,21 +356,22 @@ impl Backend for Leaseholdd {
             let claim = match self.claim(key, opts.ttl, holder).await {
                 Ok(c) => Arc::new(c),
                 // E.g. a pooled connection the restarted server had closed.
-                // A retried grant may leave a lease behind; it expires.
-                Err(Error::Unavailable(_)) if attempt + 1 < ATTEMPTS => {
+                Err(Error::Unavailable(_)) if retry_unavailable(attempt) => {
                     attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                    tokio::time::sleep(backoff(attempt)).await;
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             let session = claim.session.clone();
+            let wait_ms = wait_left();
             let request = pb::AcquireRequest {
                 lease_id: session.lease,
                 key: key.to_string(),
                 wait_ms,
                 lock_delay_ms,
                 request_id,
+                ..Default::default()
             };
             let granted = if wait_ms == 0 {
                 match self.frames.acquire(&request, claim.clone()).await {
@@ -379,9 +414,9 @@ impl Backend for Leaseholdd {
                                 .lose("the server no longer knows this session");
                             renewed_session = true;
                         }
-                        Error::Unavailable(_) if attempt + 1 < ATTEMPTS => {
+                        Error::Unavailable(_) if retry_unavailable(attempt) => {
                             attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                            tokio::time::sleep(backoff(attempt)).await;
                         }
                         e => return Err(e),
                     }
@@ -481,7 +516,7 @@ async fn release(frames: &Frames, key: &str, fence: Fence) -> Result<()> {
             Err(e) => match e.into_error(key) {
                 Error::Unavailable(_) if attempt + 1 < ATTEMPTS => {
                     attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
+                    tokio::time::sleep(backoff(attempt)).await;
                 }
                 e => return Err(e),
             },

@@ -1,0 +1,185 @@
+//! Prometheus metrics (`GET /metrics`, OpenMetrics text), named by the
+//! Prometheus conventions: counters end in `_total`, durations are in
+//! `_seconds`.
+//!
+//! | metric | type | what |
+//! |---|---|---|
+//! | `leasehold_requests_total{op, code}` | counter | calls by operation and outcome (`ok` or the error code) |
+//! | `leasehold_request_duration_seconds{op}` | histogram | time to answer a call (an acquire's wait included) |
+//! | `leasehold_lock_events_total{kind}` | counter | `acquired`, `released`, `expired` as applied here |
+//! | `leasehold_connections` | gauge | open client connections |
+//! | `leasehold_connections_refused_total` | counter | connections closed at once because the cap was reached |
+//! | `leasehold_leases` | gauge | live leases |
+//! | `leasehold_locks_held` | gauge | held locks |
+//! | `leasehold_fence_next` | gauge | the token the next grant gets |
+//! | `leasehold_raft_applied_index` | gauge | last applied log index |
+//! | `leasehold_table_time_seconds` | gauge | the lock table's clock |
+//! | `leasehold_is_leader` | gauge | 1 if this node leads |
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use leasehold_core::Event;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::raft::Consensus;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    op: &'static str,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+fn duration_histogram() -> Histogram {
+    // 100 µs to ~3.3 s.
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
+}
+
+/// Every metric the server exports; cheap to update from any task.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    durations: Family<OpLabel, Histogram, fn() -> Histogram>,
+    events: Family<KindLabel, Counter>,
+    /// Open client connections.
+    pub connections: Gauge,
+    /// Connections closed at once because the cap was reached.
+    pub refused: Counter,
+    leases: Gauge,
+    locks_held: Gauge,
+    fence_next: Gauge,
+    applied: Gauge,
+    table_time: Gauge<f64, AtomicU64>,
+    leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut m = Metrics {
+            registry: Registry::default(),
+            requests: Family::default(),
+            durations: Family::new_with_constructor(duration_histogram),
+            events: Family::default(),
+            connections: Gauge::default(),
+            refused: Counter::default(),
+            leases: Gauge::default(),
+            locks_held: Gauge::default(),
+            fence_next: Gauge::default(),
+            applied: Gauge::default(),
+            table_time: Gauge::default(),
+            leader: Gauge::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "leasehold_requests",
+            "Calls by operation and outcome",
+            m.requests.clone(),
+        );
+        r.register_with_unit(
+            "leasehold_request_duration",
+            "Time to answer a call",
+            Unit::Seconds,
+            m.durations.clone(),
+        );
+        r.register(
+            "leasehold_lock_events",
+            "Locks acquired, released and expired",
+            m.events.clone(),
+        );
+        r.register(
+            "leasehold_connections",
+            "Open client connections",
+            m.connections.clone(),
+        );
+        r.register(
+            "leasehold_connections_refused",
+            "Connections closed at once because the connection cap was reached",
+            m.refused.clone(),
+        );
+        r.register("leasehold_leases", "Live leases", m.leases.clone());
+        r.register("leasehold_locks_held", "Held locks", m.locks_held.clone());
+        r.register(
+            "leasehold_fence_next",
+            "The fencing token the next grant gets",
+            m.fence_next.clone(),
+        );
+        r.register(
+            "leasehold_raft_applied_index",
+            "Last applied Raft log index",
+            m.applied.clone(),
+        );
+        r.register_with_unit(
+            "leasehold_table_time",
+            "The lock table's clock",
+            Unit::Seconds,
+            m.table_time.clone(),
+        );
+        r.register(
+            "leasehold_is_leader",
+            "1 if this node leads",
+            m.leader.clone(),
+        );
+        m
+    }
+}
+
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    /// Counts one answered call.
+    pub fn request(&self, op: &'static str, code: &'static str, took: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels { op, code })
+            .inc();
+        self.durations
+            .get_or_create(&OpLabel { op })
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts the lock events of one applied entry.
+    pub fn events(&self, events: &[Event]) {
+        for event in events {
+            let kind = match event {
+                Event::Acquired { .. } => "acquired",
+                Event::Released { .. } => "released",
+                Event::Expired { .. } => "expired",
+                _ => continue,
+            };
+            self.events.get_or_create(&KindLabel { kind }).inc();
+        }
+    }
+
+    /// The OpenMetrics text, with the table's gauges read now.
+    pub fn render(&self, consensus: &Consensus) -> String {
+        let (leases, held, next_fence, now) =
+            consensus.read_local(|t| (t.lease_count(), t.held_count(), t.next_fence(), t.now()));
+        self.leases.set(gauge_value(leases as u64));
+        self.locks_held.set(gauge_value(held as u64));
+        self.fence_next.set(gauge_value(next_fence));
+        self.applied.set(gauge_value(consensus.last_applied()));
+        self.table_time.set(now as f64 / 1_000.0);
+        self.leader.set(i64::from(consensus.now().is_some()));
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(error = %e, "encode metrics");
+        }
+        text
+    }
+}
