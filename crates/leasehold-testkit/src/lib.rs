@@ -3,7 +3,12 @@
 //! Each runs on a free loopback port with its own temporary directory and is
 //! killed when its handle drops, so a failing test leaves nothing behind.
 //! Faults are real: [`Process::kill9`], [`Process::pause`] (SIGSTOP) and
-//! [`Process::resume`] (SIGCONT).
+//! [`Process::resume`] (SIGCONT), and [`FaultProxy`] between a client and
+//! a server (a lost reply, a cut link).
+
+mod proxy;
+
+pub use proxy::FaultProxy;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -372,3 +372,100 @@ async fn wait_for(mut ready: impl FnMut() -> bool) {
     }
     panic!("condition not reached in 10 s");
 }
+
+/// The server's view of a lock: the holding lease, if held.
+fn server_holder(server: &Leaseholdd, key: &str) -> Option<(u64, u64)> {
+    let body = leasehold_testkit::http_get(&server.addr, &format!("/v1/locks/{key}"))?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    Some((
+        v["holder"]["lease"].as_u64()?,
+        v["holder"]["fence"].as_u64()?,
+    ))
+}
+
+fn server_leases(server: &Leaseholdd) -> usize {
+    let body = leasehold_testkit::http_get(&server.addr, "/v1/leases").unwrap_or_default();
+    body.matches("\"lease\":").count()
+}
+
+/// A reply lost on the way back (the request took effect) is retried with
+/// the same request id: the grant of the session lease and the acquire each
+/// happen once, the lease the client renews is the one that holds the lock,
+/// and no lease is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_is_retried_without_acting_twice() {
+    let server = Leaseholdd::start();
+    let proxy = leasehold_testkit::FaultProxy::start(&server.addr);
+    let client = Client::connect(&proxy.url()).await.unwrap();
+
+    // The first reply is the session grant's.
+    proxy.drop_next_reply();
+    let la = client.try_acquire("a", opts(10_000)).await.unwrap();
+    assert_eq!(proxy.dropped(), 1, "the fault acted");
+    assert_eq!(server_leases(&server), 1, "one session lease, not two");
+    let (session, fa) = server_holder(&server, "a").expect("a is held");
+    assert_eq!(Some(fa), la.fence());
+
+    // Now an acquire's reply.
+    proxy.drop_next_reply();
+    let lb = client.try_acquire("b", opts(10_000)).await.unwrap();
+    assert_eq!(proxy.dropped(), 2, "the fault acted");
+    let (holder, fb) = server_holder(&server, "b").expect("b is held");
+    assert_eq!((holder, Some(fb)), (session, lb.fence()));
+    assert_eq!(fb, fa + 1, "the retry granted nothing a second time");
+    assert_eq!(server_leases(&server), 1);
+
+    // The lease being renewed is the one holding both keys: past several TTLs
+    // both are still held by it.
+    tokio::time::sleep(Duration::from_millis(2 * 10_000 / 3 + 500)).await;
+    assert!(la.is_live() && lb.is_live());
+    assert_eq!(server_holder(&server, "b"), Some((session, fb)));
+    la.release().await.unwrap();
+    lb.release().await.unwrap();
+}
+
+/// A caller waiting in the queue when the server is killed (`kill -9`)
+/// re-attaches to its wait after the restart and gets the lock when the
+/// holder releases it, and keeps it past the re-attach bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_survives_a_server_crash() {
+    let mut server = Leaseholdd::start();
+    let a = Client::builder(&server.url())
+        .holder("a")
+        .connect()
+        .await
+        .unwrap();
+    let b = Client::builder(&server.url())
+        .holder("b")
+        .connect()
+        .await
+        .unwrap();
+    let la = a.try_acquire("job", opts(10_000)).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let lease = b
+            .acquire("job", opts(10_000).wait(Duration::from_secs(30)))
+            .await;
+        (b, lease)
+    });
+    let queued = || {
+        leasehold_testkit::http_get(&server.addr, "/v1/locks/job")
+            .is_some_and(|body| body.contains("\"holder\":\"b\""))
+    };
+    wait_for(queued).await;
+    server.crash_and_restart();
+    // Give b's broken call time to come back, then release.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let fa = la.fence().unwrap();
+    la.release().await.unwrap();
+    let (_b, lb) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("b got an answer")
+        .unwrap();
+    let lb = lb.expect("b got the lock");
+    assert!(lb.fence().unwrap() > fa);
+    // Past the bound in which an unclaimed grant is taken back, b still holds it.
+    tokio::time::sleep(Duration::from_millis(leasehold_core::REATTACH_MS + 1_000)).await;
+    assert!(lb.is_live(), "{}", lb.lost_reason());
+    assert_eq!(server_holder(&server, "job").map(|h| h.1), lb.fence());
+    lb.release().await.unwrap();
+}

@@ -1,0 +1,160 @@
+//! A TCP proxy that injects faults between a client and a server: a reply
+//! lost on its way back, or a link that is cut and later healed.
+//!
+//! Each accepted connection gets its own connection to the target and two
+//! threads pumping bytes, one each way. Faults act on real sockets, so the
+//! client under test sees exactly what a real network fault shows it: a
+//! connection reset with a request sent and no answer.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Default)]
+struct Faults {
+    /// Replies (server-to-client reads) to swallow, each closing its connection.
+    drop_replies: AtomicUsize,
+    /// Cut: open connections are closed and new ones are closed at once.
+    cut: AtomicBool,
+    /// Set when the proxy is dropped.
+    stopped: AtomicBool,
+    /// Every socket the proxy holds, to close them on a cut.
+    sockets: Mutex<Vec<TcpStream>>,
+    /// Replies swallowed so far.
+    dropped: AtomicUsize,
+}
+
+/// A fault proxy on a free loopback port in front of `target`; stops when dropped.
+pub struct FaultProxy {
+    /// `127.0.0.1:PORT`: point the client here.
+    pub addr: String,
+    faults: Arc<Faults>,
+}
+
+impl FaultProxy {
+    /// Starts forwarding connections to `target` (`host:port`).
+    pub fn start(target: &str) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address").to_string();
+        let faults = Arc::new(Faults::default());
+        let (f, target) = (faults.clone(), target.to_string());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if f.stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if f.cut.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&target) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                link(&f, client, server);
+            }
+        });
+        FaultProxy { addr, faults }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next reply from the server is swallowed and its connection closed:
+    /// the request took effect, the client never hears of it.
+    pub fn drop_next_reply(&self) {
+        self.faults.drop_replies.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many replies were swallowed so far.
+    pub fn dropped(&self) -> usize {
+        self.faults.dropped.load(Ordering::SeqCst)
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    pub fn cut(&self) {
+        self.faults.cut.store(true, Ordering::SeqCst);
+        close_all(&self.faults);
+    }
+
+    /// Lets connections through again.
+    pub fn heal(&self) {
+        self.faults.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.faults.stopped.store(true, Ordering::SeqCst);
+        close_all(&self.faults);
+        // Wakes the accept loop so it sees `stopped`.
+        let _ = TcpStream::connect(&self.addr);
+    }
+}
+
+fn close_all(faults: &Faults) {
+    let sockets = std::mem::take(&mut *faults.sockets.lock().unwrap_or_else(|e| e.into_inner()));
+    for s in sockets {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+}
+
+fn link(faults: &Arc<Faults>, client: TcpStream, server: TcpStream) {
+    let clones = [client.try_clone(), server.try_clone()];
+    let [Ok(client2), Ok(server2)] = clones else {
+        return;
+    };
+    {
+        let mut sockets = faults.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        for s in [&client, &server] {
+            if let Ok(s) = s.try_clone() {
+                sockets.push(s);
+            }
+        }
+    }
+    let f = faults.clone();
+    std::thread::spawn(move || pump(client, server, None));
+    std::thread::spawn(move || pump(server2, client2, Some(f)));
+}
+
+/// Copies `from` to `to` until either closes. `faults` is set on the
+/// server-to-client direction, where replies are dropped.
+fn pump(mut from: TcpStream, mut to: TcpStream, faults: Option<Arc<Faults>>) {
+    let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => break,
+        };
+        if let Some(f) = &faults {
+            let take = f
+                .drop_replies
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if take.is_ok() {
+                f.dropped.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
