@@ -9,9 +9,11 @@
 //! - [`metrics`]: Prometheus metrics.
 //! - [`expiry`]: the leader's driver that proposes ticks when something is due.
 //! - [`api`]: gRPC (tonic) and HTTP/JSON (axum) on one port, errors mapped in one place.
+//! - [`conn`]: one client connection: protocol sniffing, timeouts, the cap.
 //! - [`server`]: wiring, for the binary and for tests.
 
 pub mod api;
+pub mod conn;
 pub mod expiry;
 pub mod hub;
 pub mod metrics;

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
+use std::time::Duration;
+
+use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
 use leasehold_server::server::{self, Config};
 
@@ -27,7 +30,23 @@ struct Args {
     /// threads, because a request's steps never wait for another thread to wake.
     #[arg(long, env = "LEASEHOLD_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
+    /// Open client connections at most; more are closed at once (default:
+    /// 10,000, or fewer if the open-file limit is lower).
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Time a new connection has to send its first byte, and an HTTP/1
+    /// request its headers.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    header_timeout: Duration,
+    /// A connection with no call in flight for this long is closed (clients
+    /// reconnect on their next call).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
 }
+
+/// File descriptors kept free of client connections: the log, snapshots,
+/// and room to accept and close a connection over the cap.
+const RESERVED_FDS: u64 = 64;
 
 /// mimalloc: with a million small allocations (keys, tree nodes) glibc's
 /// malloc kept ~270 bytes per held lock resident; see bench/results.md.
@@ -42,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    let fd_limit = leasehold_server::conn::raise_fd_limit();
     let runtime = match args.threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -53,10 +73,22 @@ fn main() -> anyhow::Result<()> {
     .enable_all()
     .build()
     .context("start the async runtime")?;
-    runtime.block_on(serve(args))
+    runtime.block_on(serve(args, fd_limit))
 }
 
-async fn serve(args: Args) -> anyhow::Result<()> {
+async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
+    let default = Limits::default();
+    let fit = fd_limit.map_or(default.max_connections, |fds| {
+        usize::try_from(fds.saturating_sub(RESERVED_FDS)).unwrap_or(usize::MAX)
+    });
+    let max_connections = args
+        .max_connections
+        .unwrap_or(default.max_connections.min(fit));
+    tracing::info!(
+        max_connections,
+        open_files_limit = fd_limit,
+        "connection limits"
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("bind listener on {}", args.listen))?;
@@ -64,6 +96,11 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         raft: RaftOptions {
             snapshot_every: args.snapshot_every,
+        },
+        limits: Limits {
+            max_connections,
+            header_timeout: args.header_timeout,
+            idle_timeout: args.idle_timeout,
         },
     };
     server::run(config, listener, shutdown_signal()).await

@@ -5,13 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::conn::{self, Gate, Limits};
 use crate::hub::Hub;
 use crate::raft::{Consensus, RaftOptions};
 use crate::service::LockService;
@@ -26,6 +24,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Raft tuning.
     pub raft: RaftOptions,
+    /// Client connection limits.
+    pub limits: Limits,
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops cleanly.
@@ -59,13 +59,24 @@ pub async fn run(
         let _ = signal_tx.send(true);
     });
 
+    let gate = Gate::new(config.limits.max_connections);
     let mut connections = JoinSet::new();
     let mut stopping = signal_rx.clone();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(connection(stream, app.clone(), service.clone(), signal_rx.clone()));
+                    // At the cap the stream is dropped here: closed at once.
+                    if let Some(admitted) = gate.admit(&service) {
+                        connections.spawn(conn::serve(
+                            stream,
+                            app.clone(),
+                            service.clone(),
+                            config.limits.clone(),
+                            signal_rx.clone(),
+                            admitted,
+                        ));
+                    }
                 }
                 Err(e) => {
                     // E.g. out of file descriptors: back off instead of spinning.
@@ -96,39 +107,4 @@ pub async fn run(
 /// Resolves once the shutdown signal is up (at once if it already is).
 pub(crate) async fn stopped(signal: &mut watch::Receiver<bool>) {
     let _ = signal.wait_for(|s| *s).await;
-}
-
-/// Serves one connection: the framed protocol if its first byte is the
-/// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise.
-async fn connection(
-    stream: TcpStream,
-    app: axum::Router,
-    service: LockService,
-    mut stop: watch::Receiver<bool>,
-) {
-    // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
-    // hold a response back until the client's delayed ACK.
-    let _ = stream.set_nodelay(true);
-    let mut first = [0u8; 1];
-    tokio::select! {
-        peeked = stream.peek(&mut first) => match peeked {
-            Ok(1..) => {}
-            _ => return,
-        },
-        _ = stopped(&mut stop) => return,
-    }
-    if first[0] == leasehold_proto::frame::PREAMBLE[0] {
-        return crate::api::frames::serve(stream, service, stop).await;
-    }
-    let http = auto::Builder::new(TokioExecutor::new());
-    let conn =
-        http.serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(app));
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => {}
-        _ = stopped(&mut stop) => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
-        }
-    }
 }

@@ -75,6 +75,7 @@ pub async fn fencing() -> anyhow::Result<i32> {
     let config = leasehold_server::server::Config {
         data_dir: data.path().to_path_buf(),
         raft: Default::default(),
+        limits: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(leasehold_server::server::run(

@@ -6,8 +6,6 @@
 //! frame) is closed; a request that cannot be decoded gets an
 //! `invalid_argument` reply and changes nothing.
 
-use std::time::Duration;
-
 use bytes::{Bytes, BytesMut};
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
@@ -20,14 +18,12 @@ use tokio::sync::watch;
 use tokio_util::codec::{Encoder, FramedRead};
 
 use super::calls;
+use crate::conn::Limits;
 use crate::service::{ApiError, LockService};
 
 /// Calls one connection may have in flight; beyond it, reading pauses (with
 /// requests of at most 128 KiB, at most 32 MiB held per connection).
 const MAX_IN_FLIGHT: usize = 256;
-
-/// How long a new connection gets to send its preamble.
-const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn decode<M: Message + Default>(body: Bytes) -> Result<M, ApiError> {
     M::decode(body).map_err(|e| ApiError::invalid("body", e))
@@ -78,9 +74,17 @@ async fn answer(service: LockService, request: Frame) -> Frame {
 
 /// Serves one connection whose first byte was the preamble's, until the
 /// client closes it or `stop` turns true (calls in flight then finish first).
-pub async fn serve(mut stream: TcpStream, service: LockService, mut stop: watch::Receiver<bool>) {
+///
+/// The connection is closed when nothing was in flight for the idle timeout;
+/// the client opens a new one on its next call.
+pub async fn serve(
+    mut stream: TcpStream,
+    service: LockService,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut preamble = [0u8; PREAMBLE.len()];
-    match tokio::time::timeout(PREAMBLE_TIMEOUT, stream.read_exact(&mut preamble)).await {
+    match tokio::time::timeout(limits.header_timeout, stream.read_exact(&mut preamble)).await {
         Ok(Ok(_)) if &preamble == PREAMBLE => {}
         _ => return,
     }
@@ -90,8 +94,19 @@ pub async fn serve(mut stream: TcpStream, service: LockService, mut stop: watch:
     let mut out = BytesMut::new();
     let mut replies = FrameCodec::replies();
     let mut reading = true;
+    let idle = tokio::time::sleep(limits.idle_timeout);
+    tokio::pin!(idle);
     loop {
+        if in_flight.is_empty() {
+            if idle.is_elapsed() {
+                return;
+            }
+        } else {
+            idle.as_mut()
+                .reset(tokio::time::Instant::now() + limits.idle_timeout);
+        }
         tokio::select! {
+            _ = &mut idle, if in_flight.is_empty() => {}
             request = requests.next(), if reading && in_flight.len() < MAX_IN_FLIGHT => {
                 match request {
                     Some(Ok(frame)) => in_flight.push(answer(service.clone(), frame)),

@@ -1,0 +1,286 @@
+//! Client connections: the protocol a connection speaks, and the limits that
+//! keep idle, slow or too many connections from starving everyone else.
+//!
+//! - A new connection has [`Limits::header_timeout`] to send its first byte,
+//!   and an HTTP/1 request as long to send its headers (a slow-loris client
+//!   is closed, not kept).
+//! - A connection with no call in flight (an open watch or waiting acquire
+//!   counts as one) is closed after [`Limits::idle_timeout`]. Clients
+//!   reconnect on their next call, so this costs them nothing.
+//! - At most [`Limits::max_connections`] are open at once; past it a new
+//!   connection is closed at once, with one log line each time the cap is
+//!   reached, so open file descriptors stay below the process's limit and
+//!   `/health` keeps answering once the idle ones time out.
+//! - HTTP/2 connections are pinged, so a waiter whose machine vanished is
+//!   found out and its wait withdrawn.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes, HttpBody};
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+use crate::service::LockService;
+
+/// Connection limits.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Open connections at most; more are closed at once.
+    pub max_connections: usize,
+    /// Time to send the first byte, and an HTTP/1 request's headers.
+    pub header_timeout: Duration,
+    /// A connection with nothing in flight for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 10_000,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// How often an HTTP/2 connection is pinged, and how long a ping may go unanswered.
+const H2_PING_EVERY: Duration = Duration::from_secs(20);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Counts open connections against the cap.
+#[derive(Clone)]
+pub struct Gate {
+    open: Arc<AtomicUsize>,
+    /// Set while the cap is reached, so it is logged once per episode.
+    full: Arc<AtomicBool>,
+    max: usize,
+}
+
+/// One admitted connection; frees its place when dropped.
+pub struct Admitted {
+    gate: Gate,
+    service: LockService,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let left = self.gate.open.fetch_sub(1, Ordering::SeqCst) - 1;
+        self.service.consensus().hub().metrics.connections.dec();
+        if left < self.gate.max / 10 * 9 && self.gate.full.swap(false, Ordering::SeqCst) {
+            tracing::info!(open = left, "connections below the cap again");
+        }
+    }
+}
+
+impl Gate {
+    /// A cap of `max` open connections.
+    pub fn new(max: usize) -> Gate {
+        Gate {
+            open: Arc::new(AtomicUsize::new(0)),
+            full: Arc::new(AtomicBool::new(false)),
+            max: max.max(1),
+        }
+    }
+
+    /// A place for one more connection, or `None` at the cap.
+    pub fn admit(&self, service: &LockService) -> Option<Admitted> {
+        let metrics = &service.consensus().hub().metrics;
+        let admitted = self
+            .open
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            metrics.refused.inc();
+            if !self.full.swap(true, Ordering::SeqCst) {
+                tracing::warn!(
+                    max_connections = self.max,
+                    "connection cap reached: closing new connections until some close (raise --max-connections, or find the client that opens so many)"
+                );
+            }
+            return None;
+        }
+        metrics.connections.inc();
+        Some(Admitted {
+            gate: self.clone(),
+            service: service.clone(),
+        })
+    }
+}
+
+/// Calls in flight on one connection and when the last one ended.
+#[derive(Clone)]
+struct Activity {
+    in_flight: Arc<AtomicUsize>,
+    /// Milliseconds since `epoch` when the connection last went quiet.
+    quiet_since: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+/// One call in flight; its end marks the connection quiet if it was the last.
+struct Busy(Activity);
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            quiet_since: Arc::new(AtomicU64::new(0)),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn enter(&self) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(self.clone())
+    }
+
+    /// How long nothing has been in flight, or `None` if something is.
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.quiet_since.load(Ordering::SeqCst));
+        Some(self.epoch.elapsed().saturating_sub(since))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let now = self.0.epoch.elapsed().as_millis() as u64;
+        self.0.quiet_since.store(now, Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that keeps its call counted as in flight until it ends
+/// (a watch stream, a gRPC stream's trailers).
+struct Tracked {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Resolves once `idle_for` has been true for `limit`.
+async fn idle(activity: &Activity, limit: Duration) {
+    loop {
+        let wait = match activity.idle_for() {
+            Some(idle) if idle >= limit => return,
+            Some(idle) => limit - idle,
+            None => limit,
+        };
+        tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+    }
+}
+
+/// Serves one connection: the framed protocol if its first byte is the
+/// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise.
+pub async fn serve(
+    stream: TcpStream,
+    app: axum::Router,
+    service: LockService,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+    _admitted: Admitted,
+) {
+    // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
+    // hold a response back until the client's delayed ACK.
+    let _ = stream.set_nodelay(true);
+    let mut first = [0u8; 1];
+    tokio::select! {
+        peeked = tokio::time::timeout(limits.header_timeout, stream.peek(&mut first)) => match peeked {
+            Ok(Ok(1..)) => {}
+            _ => return,
+        },
+        _ = crate::server::stopped(&mut stop) => return,
+    }
+    if first[0] == leasehold_proto::frame::PREAMBLE[0] {
+        return crate::api::frames::serve(stream, service, limits, stop).await;
+    }
+
+    let activity = Activity::new();
+    let calls = activity.clone();
+    let service = hyper::service::service_fn(move |request| {
+        let busy = calls.enter();
+        let call = app.clone().oneshot(request);
+        async move {
+            let response = call.await?;
+            Ok::<_, std::convert::Infallible>(
+                response.map(|inner| Body::new(Tracked { inner, _busy: busy })),
+            )
+        }
+    });
+    let mut http = auto::Builder::new(TokioExecutor::new());
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    http.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(H2_PING_EVERY))
+        .keep_alive_timeout(H2_PING_TIMEOUT);
+    let conn = http.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = idle(&activity, limits.idle_timeout) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+        _ = crate::server::stopped(&mut stop) => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, and
+/// returns the limit in force.
+pub fn raise_fd_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit write and read only the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    Some(limit.rlim_cur)
+}
