@@ -173,10 +173,16 @@ impl Consensus {
                 addr: advertise.to_string(),
             },
         )]);
-        match raft.initialize(members).await {
-            Ok(()) => tracing::info!("initialized a new single-node group"),
-            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-            Err(e) => return Err(e).context("initialize raft group"),
+        // Asked first: openraft logs an error for an initialize it refuses,
+        // and a restart is not an error.
+        if raft.is_initialized().await.context("read raft state")? {
+            tracing::info!("rejoining the group recorded in the data dir");
+        } else {
+            match raft.initialize(members).await {
+                Ok(()) => tracing::info!("initialized a new single-node group"),
+                Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(e).context("initialize raft group"),
+            }
         }
         let (proposals, queue) = mpsc::channel(64 * MAX_BATCH);
         let consensus = Consensus {
