@@ -141,6 +141,14 @@ enum Command {
         account: String,
         deposit: i64,
     },
+    /// Inside `leasehold run`: exit 0 and print the token while the lease is
+    /// good, 76 once it is lost or past its deadline (even if `leasehold run`
+    /// is frozen). `while leasehold check; do write; done`
+    Check {
+        /// The state file `leasehold run` keeps.
+        #[arg(long, env = "LEASEHOLD_STATE")]
+        state: Option<std::path::PathBuf>,
+    },
     /// Print lock events as they happen.
     Watch {
         /// Only keys with this prefix.

@@ -28,6 +28,17 @@ fn alive(pid: i32) -> bool {
     unsafe { libc::kill(pid, 0) == 0 }
 }
 
+/// Whether `pid` runs and is not a zombie waiting for a parent that is
+/// not us to reap it.
+fn alive_unreaped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
 #[test]
 fn of_two_runs_at_once_exactly_one_runs_the_command() {
     let server = Leaseholdd::start();
@@ -93,7 +104,13 @@ fn a_paused_run_loses_its_lease_kills_the_command_and_exits_76() {
     let server = Leaseholdd::start();
     let dir = tmp();
     let pidfile = dir.path().join("pid");
-    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let grandchild_file = dir.path().join("grandchild");
+    // A command that starts a process of its own: the whole group is stopped.
+    let script = format!(
+        "sleep 30 & echo $! > {}; echo $$ > {}; wait",
+        grandchild_file.display(),
+        pidfile.display()
+    );
     let mut holder = leasehold(&server)
         .args([
             "run", "k", "--ttl", "1s", "--grace", "1s", "--", "sh", "-c", &script,
@@ -136,6 +153,16 @@ fn a_paused_run_loses_its_lease_kills_the_command_and_exits_76() {
     assert_eq!(status.code(), Some(76), "{stderr}");
     assert!(stderr.contains("lost"), "{stderr}");
     assert!(!alive(child), "the command survived the loss of the lease");
+    let grandchild: i32 = std::fs::read_to_string(&grandchild_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the command's own child to die",
+        || !alive_unreaped(grandchild),
+    );
     let _ = taker.kill();
     let _ = taker.wait();
 }
@@ -376,4 +403,98 @@ fn bench_keep_holds_every_lock_through_renewals_on_any_backend() {
         assert_eq!(r["locks_lost"], 0, "{url}: {r}");
         assert!(r["server_cpu_share"].is_number(), "{url}: {r}");
     }
+}
+
+/// `kill -9` of `leasehold run`: the command dies with it instead of
+/// running on, unsupervised, holding nothing.
+#[test]
+fn the_command_dies_with_a_killed_run() {
+    let server = Leaseholdd::start();
+    let dir = tmp();
+    let pidfile = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+    let mut holder = leasehold(&server)
+        .args(["run", "k", "--ttl", "5s", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn");
+    wait_until(Duration::from_secs(10), "the command to start", || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|s| s.trim().parse::<i32>().is_ok())
+    });
+    let child: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    wait_until(
+        Duration::from_secs(5),
+        "the command to die with its supervisor",
+        || !alive_unreaped(child),
+    );
+}
+
+/// `leasehold check` inside the command: while `leasehold run` is frozen
+/// (so nothing tells the command to stop), the lease passes its deadline
+/// and the command's `while leasehold check; do write; done` loop stops by
+/// itself, before anyone else can take the lock.
+#[test]
+fn check_stops_the_commands_writes_while_run_is_frozen() {
+    let server = Leaseholdd::start();
+    let dir = tmp();
+    let writes = dir.path().join("writes");
+    let stopped = dir.path().join("stopped");
+    let check = env!("CARGO_BIN_EXE_leasehold");
+    let script = format!(
+        "while {check} check > /dev/null; do echo $LEASEHOLD_FENCE >> {w}; sleep 0.05; done; {check} check; echo $? > {s}; sleep 30",
+        w = writes.display(),
+        s = stopped.display()
+    );
+    let mut holder = leasehold(&server)
+        .args([
+            "run", "k", "--ttl", "1s", "--grace", "1s", "--", "sh", "-c", &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_until(Duration::from_secs(10), "the first writes", || {
+        std::fs::read_to_string(&writes).is_ok_and(|w| w.lines().count() >= 3)
+    });
+    // Several renewals (every TTL/3) pass and the writes go on.
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert!(
+        !stopped.exists(),
+        "check failed while the lease was renewed"
+    );
+
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGSTOP) };
+    wait_until(Duration::from_secs(5), "the loop to stop by itself", || {
+        stopped.exists()
+    });
+    assert_eq!(std::fs::read_to_string(&stopped).unwrap().trim(), "76");
+    let count = std::fs::read_to_string(&writes).unwrap().lines().count();
+    // The lock is free for another holder now, and no write follows.
+    let taken = run(&server, &["run", "k", "--wait", "5s", "--", "true"]);
+    assert_eq!(taken.status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        std::fs::read_to_string(&writes).unwrap().lines().count(),
+        count
+    );
+
+    // SAFETY: as above.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGCONT) };
+    assert_eq!(holder.wait().unwrap().code(), Some(76));
+}
+
+#[test]
+fn check_outside_run_says_there_is_no_lease() {
+    let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        .arg("check")
+        .env_remove("LEASEHOLD_STATE")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(76));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("LEASEHOLD_STATE"));
 }

@@ -61,6 +61,12 @@ impl LeaseHandle {
         self.liveness.is_live()
     }
 
+    /// The client-side deadline: past it without a successful renewal the
+    /// lease is lost. It moves forward with each renewal.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.liveness.deadline()
+    }
+
     /// Completes when the lease is lost.
     pub fn lost(&self) -> WaitForCancellationFutureOwned {
         self.liveness.token().clone().cancelled_owned()
@@ -121,6 +127,11 @@ impl Lease {
     /// Whether the lease is still good right now.
     pub fn is_live(&self) -> bool {
         self.handle.is_live()
+    }
+
+    /// The client-side deadline. See [`LeaseHandle::deadline`].
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.handle.deadline()
     }
 
     /// Completes when the lease is lost.

@@ -1,6 +1,7 @@
 //! One file per group of subcommands.
 
 pub mod bench;
+pub mod check;
 mod demo;
 mod hold;
 mod run;
@@ -107,5 +108,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             deposit,
         } => demo::worker(&client().await?, &key, &account, deposit).await,
         Command::Watch { prefix, json } => status::watch(&client().await?, &prefix, json).await,
+        // Reads the state file only; connects to nothing.
+        Command::Check { state } => check::check(state),
     }
 }

@@ -1,4 +1,13 @@
 //! `leasehold run` and `leasehold elect`: run a command while holding a lock.
+//!
+//! The command must not outlive its lease:
+//! - it runs in its own process group, and every signal (the ones passed on,
+//!   SIGTERM on loss, SIGKILL after the grace) goes to the whole group;
+//! - on Linux it gets SIGKILL the moment `leasehold run` dies, however it
+//!   dies (`kill -9` included): a parent-death signal set before exec;
+//! - it can check its lease before each write with `leasehold check`, which
+//!   fails once the lease is past its client-side deadline even if
+//!   `leasehold run` is frozen (see [`super::check`]).
 
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -8,6 +17,7 @@ use leasehold::{Client, Error, Lease, LockOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::check::{StateFile, REFRESH};
 use crate::{EXIT_LOST, EXIT_NOT_ACQUIRED};
 
 pub struct Options {
@@ -68,16 +78,50 @@ fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
+/// Sends `sig` to the child's process group (the child leads it).
 fn send(child: &Child, sig: i32) {
     if let Some(pid) = child.id() {
-        // SAFETY: kill(2) on our own child's pid.
+        // SAFETY: kill(2) on the process group our own child leads.
         unsafe {
-            libc::kill(pid as i32, sig);
+            libc::kill(-(pid as i32), sig);
         }
     }
 }
 
-/// Stops the child: SIGTERM, then SIGKILL after `grace`.
+/// Starts the command in its own process group, to die with this process.
+fn spawn(command: &[String], key: &str, fence: &str, state: &StateFile) -> anyhow::Result<Child> {
+    let (program, args) = command.split_first().context("no command given")?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env("LEASEHOLD_KEY", key)
+        .env("LEASEHOLD_FENCE", fence)
+        .env("LEASEHOLD_STATE", state.path());
+    // SAFETY: getpid is async-signal-safe and called before the fork.
+    let supervisor = unsafe { libc::getpid() };
+    // SAFETY: between fork and exec the closure calls only async-signal-safe
+    // functions (setpgid, prctl, getppid, _exit) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            #[cfg(target_os = "linux")]
+            {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The supervisor may have died before the signal was armed.
+                if libc::getppid() != supervisor {
+                    libc::_exit(EXIT_LOST);
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().with_context(|| format!("start {program}"))
+}
+
+/// Stops the child's group: SIGTERM, then SIGKILL after `grace`.
 async fn stop(child: &mut Child, grace: Duration) {
     send(child, libc::SIGTERM);
     if tokio::time::timeout(grace, child.wait()).await.is_err() {
@@ -96,13 +140,13 @@ pub async fn run(
         return Ok(EXIT_NOT_ACQUIRED);
     };
     let fence = lease.fence().map(|f| f.to_string()).unwrap_or_default();
-    let (program, args) = command.split_first().context("no command given")?;
-    let mut child = Command::new(program)
-        .args(args)
-        .env("LEASEHOLD_KEY", key)
-        .env("LEASEHOLD_FENCE", &fence)
-        .spawn()
-        .with_context(|| format!("start {program}"))?;
+    let state = StateFile::create()?;
+    let token = lease.fence().unwrap_or(0);
+    state.live(token, lease.deadline())?;
+    let mut child = spawn(command, key, &fence, &state)?;
+    let mut refresh = tokio::time::interval(REFRESH);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut written = lease.deadline();
 
     // Signals sent to `leasehold run` are passed on to the command.
     let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -135,9 +179,19 @@ pub async fn run(
                 return Ok(exit_code(status));
             }
             _ = &mut lost => {
+                let _ = state.lost(token);
                 eprintln!("leasehold: lease on {key} lost ({}); stopping the command", lease.lost_reason());
                 stop(&mut child, o.grace).await;
                 return Ok(EXIT_LOST);
+            }
+            _ = refresh.tick() => {
+                let deadline = lease.deadline();
+                if deadline != written && lease.is_live() {
+                    if let Err(e) = state.live(token, deadline) {
+                        eprintln!("leasehold: {e:#}");
+                    }
+                    written = deadline;
+                }
             }
             Some(sig) = sig_rx.recv() => send(&child, sig),
         }
