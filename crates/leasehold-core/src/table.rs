@@ -820,8 +820,7 @@ impl LockTable {
         request_id: RequestId,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        limits::validate_key(key)?;
-        limits::validate_wait(wait_ms, lock_delay_ms)?;
+        // Validated by `acquire_once`, its only caller.
         let lease = self.live_lease(lease_id)?;
         if lease.held.contains(key) {
             // Acquiring what you already hold is answered with the hold you have.
