@@ -1,9 +1,10 @@
-//! Generates the gRPC types from `proto/leasehold.proto` with protox, a
-//! protobuf compiler written in Rust, so building needs nothing but cargo.
+//! Generates the gRPC types from `proto/` with protox, a protobuf compiler
+//! written in Rust, so building needs nothing but cargo.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=../../proto/leasehold.proto");
-    let descriptors = protox::compile(["leasehold.proto"], ["../../proto"])?;
+    println!("cargo:rerun-if-changed=../../proto/raft.proto");
+    let descriptors = protox::compile(["leasehold.proto", "raft.proto"], ["../../proto"])?;
     tonic_build::configure()
         .codec_path("crate::codec::ProstCodec")
         .compile_fds(descriptors)?;

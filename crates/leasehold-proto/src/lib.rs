@@ -7,6 +7,12 @@
 pub mod codec;
 pub mod frame;
 
+/// Raft between nodes (internal): package `leasehold.raft.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod raft {
+    tonic::include_proto!("leasehold.raft.v1");
+}
+
 /// Version 1 of the API: package `leasehold.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {

@@ -1,5 +1,6 @@
 //! `leaseholdd`: the Leasehold lock server.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
-use leasehold_server::server::{self, Config};
+use leasehold_server::server::{self, ClusterConfig, Config};
 
 /// The Leasehold lock server: leases with fencing tokens over gRPC and HTTP/JSON.
 #[derive(Parser, Debug)]
@@ -42,6 +43,46 @@ struct Args {
     /// reconnect on their next call).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     idle_timeout: Duration,
+    /// This node's id in a cluster (with --peers).
+    #[arg(long, env = "LEASEHOLD_NODE_ID", requires = "peers")]
+    node_id: Option<u64>,
+    /// A cluster's initial voters, this node among them: ID=HOST:PORT,...
+    /// (each node's client and peer address). Without it, a single node.
+    #[arg(long, env = "LEASEHOLD_PEERS", value_parser = parse_peers, requires = "node_id")]
+    peers: Option<BTreeMap<u64, String>>,
+    /// The leader's heartbeat to followers.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    heartbeat: Duration,
+    /// A follower that hears no leader for this long (up to twice it, at
+    /// random) after its leader's lease (twice this) runs out starts an
+    /// election: a dead leader is replaced in about 3 to 4 times this.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    election_timeout: Duration,
+}
+
+fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut peers = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not ID=HOST:PORT"))?;
+        let id: u64 = id
+            .parse()
+            .map_err(|_| format!("{id:?} in {part:?} is not a node id"))?;
+        if id == 0 {
+            return Err("node ids start at 1".into());
+        }
+        if !addr.contains(':') {
+            return Err(format!("{addr:?} in {part:?} is not HOST:PORT"));
+        }
+        if peers.insert(id, addr.to_string()).is_some() {
+            return Err(format!("node {id} is named twice"));
+        }
+    }
+    if peers.is_empty() {
+        return Err("no peers given".into());
+    }
+    Ok(peers)
 }
 
 /// File descriptors kept free of client connections: the log, snapshots,
@@ -77,6 +118,27 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
+    let cluster = match (args.node_id, args.peers.clone()) {
+        (Some(id), Some(members)) => {
+            anyhow::ensure!(
+                members.contains_key(&id),
+                "--node-id {id} is not among --peers ({})",
+                members
+                    .keys()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            Some(ClusterConfig { id, members })
+        }
+        _ => None,
+    };
+    anyhow::ensure!(
+        args.heartbeat < args.election_timeout,
+        "--heartbeat ({:?}) must be shorter than --election-timeout ({:?})",
+        args.heartbeat,
+        args.election_timeout
+    );
     let default = Limits::default();
     let fit = fd_limit.map_or(default.max_connections, |fds| {
         usize::try_from(fds.saturating_sub(RESERVED_FDS)).unwrap_or(usize::MAX)
@@ -96,12 +158,15 @@ async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         raft: RaftOptions {
             snapshot_every: args.snapshot_every,
+            heartbeat: args.heartbeat,
+            election_timeout: (args.election_timeout, args.election_timeout * 2),
         },
         limits: Limits {
             max_connections,
             header_timeout: args.header_timeout,
             idle_timeout: args.idle_timeout,
         },
+        cluster,
     };
     server::run(config, listener, shutdown_signal()).await
 }

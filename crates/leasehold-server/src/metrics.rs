@@ -15,6 +15,11 @@
 //! | `leasehold_raft_applied_index` | gauge | last applied log index |
 //! | `leasehold_table_time_seconds` | gauge | the lock table's clock |
 //! | `leasehold_is_leader` | gauge | 1 if this node leads |
+//! | `leasehold_raft_term` | gauge | the current term |
+//! | `leasehold_raft_last_log_index` | gauge | last log index on this node |
+//! | `leasehold_raft_snapshot_index` | gauge | last index in this node's snapshot |
+//! | `leasehold_leader_changes_total` | counter | times this node saw a new leader |
+//! | `leasehold_raft_replication_lag{peer}` | gauge | on the leader: entries each member is behind |
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -66,6 +71,16 @@ pub struct Metrics {
     applied: Gauge,
     table_time: Gauge<f64, AtomicU64>,
     leader: Gauge,
+    term: Gauge,
+    last_log: Gauge,
+    snapshot: Gauge,
+    leader_changes: Counter,
+    lag: Family<PeerLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabel {
+    peer: u64,
 }
 
 impl Default for Metrics {
@@ -83,6 +98,11 @@ impl Default for Metrics {
             applied: Gauge::default(),
             table_time: Gauge::default(),
             leader: Gauge::default(),
+            term: Gauge::default(),
+            last_log: Gauge::default(),
+            snapshot: Gauge::default(),
+            leader_changes: Counter::default(),
+            lag: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -134,6 +154,27 @@ impl Default for Metrics {
             "1 if this node leads",
             m.leader.clone(),
         );
+        r.register("leasehold_raft_term", "The current term", m.term.clone());
+        r.register(
+            "leasehold_raft_last_log_index",
+            "Last log index on this node",
+            m.last_log.clone(),
+        );
+        r.register(
+            "leasehold_raft_snapshot_index",
+            "Last log index in this node's snapshot",
+            m.snapshot.clone(),
+        );
+        r.register(
+            "leasehold_leader_changes",
+            "Times this node saw a new leader",
+            m.leader_changes.clone(),
+        );
+        r.register(
+            "leasehold_raft_replication_lag",
+            "On the leader: entries each member is behind",
+            m.lag.clone(),
+        );
         m
     }
 }
@@ -151,6 +192,11 @@ impl Metrics {
         self.durations
             .get_or_create(&OpLabel { op })
             .observe(took.as_secs_f64());
+    }
+
+    /// Counts a change of leader seen by this node.
+    pub fn leader_changed(&self) {
+        self.leader_changes.inc();
     }
 
     /// Counts the lock events of one applied entry.
@@ -176,6 +222,18 @@ impl Metrics {
         self.applied.set(gauge_value(consensus.last_applied()));
         self.table_time.set(now as f64 / 1_000.0);
         self.leader.set(i64::from(consensus.now().is_some()));
+        let cluster = consensus.cluster_status();
+        self.term.set(gauge_value(cluster.term));
+        self.last_log.set(gauge_value(cluster.last_log_index));
+        self.snapshot.set(gauge_value(cluster.snapshot_index));
+        self.lag.clear();
+        for member in &cluster.members {
+            if let Some(lag) = member.lag {
+                self.lag
+                    .get_or_create(&PeerLabel { peer: member.id })
+                    .set(gauge_value(lag));
+            }
+        }
         let mut text = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::warn!(error = %e, "encode metrics");

@@ -1,5 +1,6 @@
 //! Starting and stopping a server: used by `leaseholdd` and by tests.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use tokio::task::JoinSet;
 
 use crate::conn::{self, Gate, Limits};
 use crate::hub::Hub;
-use crate::raft::{Consensus, RaftOptions};
+use crate::raft::{Consensus, NodeId, NodeSpec, RaftOptions};
 use crate::service::LockService;
 
 /// How long in-flight requests get to finish after a shutdown signal.
@@ -26,6 +27,18 @@ pub struct Config {
     pub raft: RaftOptions,
     /// Client connection limits.
     pub limits: Limits,
+    /// This node's id and the initial voters of its group; `None` for a
+    /// single node (id 1, at the listener's address).
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// A node of a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// This node's id.
+    pub id: NodeId,
+    /// The initial voters by id and address, this node among them.
+    pub members: BTreeMap<NodeId, String>,
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops cleanly.
@@ -35,11 +48,23 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().context("read listener address")?;
+    let spec = match &config.cluster {
+        None => NodeSpec::single(&addr.to_string()),
+        Some(c) => NodeSpec {
+            id: c.id,
+            addr: c
+                .members
+                .get(&c.id)
+                .cloned()
+                .unwrap_or_else(|| addr.to_string()),
+            members: c.members.clone(),
+        },
+    };
     let consensus = Consensus::start(
         &config.data_dir,
-        &addr.to_string(),
+        spec,
         std::sync::Arc::new(Hub::default()),
-        config.raft,
+        config.raft.clone(),
     )
     .await
     .context("start consensus")?;

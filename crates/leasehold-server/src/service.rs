@@ -52,6 +52,7 @@ impl ApiError {
         match self {
             ApiError::Lock(e) => e.code(),
             ApiError::Consensus(ConsensusError::NotLeader { .. }) => "not_leader",
+            ApiError::Consensus(ConsensusError::Unknown(_)) => "outcome_unknown",
             ApiError::Consensus(_) => "unavailable",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",

@@ -6,8 +6,10 @@
 //! [`Process::resume`] (SIGCONT), and [`FaultProxy`] between a client and
 //! a server (a lost reply, a cut link).
 
+mod cluster;
 mod proxy;
 
+pub use cluster::{Cluster, ClusterNode};
 pub use proxy::FaultProxy;
 
 use std::io::{Read, Write};

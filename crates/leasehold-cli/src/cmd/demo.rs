@@ -76,6 +76,7 @@ pub async fn fencing() -> anyhow::Result<i32> {
         data_dir: data.path().to_path_buf(),
         raft: Default::default(),
         limits: Default::default(),
+        cluster: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(leasehold_server::server::run(

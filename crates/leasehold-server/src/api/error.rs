@@ -11,6 +11,7 @@
 //! | `wait_timeout`     | `DEADLINE_EXCEEDED`   | 408  |
 //! | `not_leader`       | `UNAVAILABLE`         | 503  |
 //! | `unavailable`      | `UNAVAILABLE`         | 503  |
+//! | `outcome_unknown`  | `UNAVAILABLE`         | 503  |
 //! | `not_found`        | `UNIMPLEMENTED`       | 404  |
 //! | `method_not_allowed` | `UNIMPLEMENTED`     | 405  |
 //! | `internal`         | `INTERNAL`            | 500  |

@@ -14,6 +14,9 @@
 //! | `GET /v1/locks[?prefix=]`        | list locks                                   |
 //! | `GET /v1/locks/KEY`              | describe one lock (KEY may contain `/`)      |
 //! | `GET /v1/watch[?prefix=]`        | server-sent events: acquired/released/expired|
+//! | `GET /v1/cluster`                | members, roles, term, leader, lag            |
+//! | `POST /v1/cluster/members`       | add `{id, addr}`: learner, caught up, voter  |
+//! | `DELETE /v1/cluster/members/ID`  | remove a member                              |
 
 //!
 //! Every error, including an unknown path, a wrong method, an undecodable
@@ -132,6 +135,12 @@ pub fn router(service: LockService) -> Router {
         .route("/v1/locks", get(list_locks))
         .route("/v1/locks/*key", get(describe_lock))
         .route("/v1/watch", get(watch))
+        .route("/v1/cluster", get(cluster_status))
+        .route("/v1/cluster/members", post(add_member))
+        .route(
+            "/v1/cluster/members/:id",
+            axum::routing::delete(remove_member),
+        )
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
 }
@@ -143,9 +152,16 @@ fn lease_id(raw: &str) -> Result<u64> {
 
 async fn health(State(s): State<LockService>) -> Json<Value> {
     let c = s.consensus();
+    let cluster = c.cluster_status();
     Json(json!({
         "status": "ok",
+        "id": cluster.id,
+        // Leads and may serve: its clock is armed.
         "leader": c.now().is_some(),
+        "role": cluster.role,
+        "term": cluster.term,
+        "leader_id": cluster.leader,
+        "leader_addr": cluster.leader_addr,
         "last_applied": c.last_applied(),
     }))
 }
@@ -398,4 +414,29 @@ async fn watch(
         Some((Ok(event), next))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+async fn cluster_status(State(s): State<LockService>) -> Json<Value> {
+    Json(json!(s.consensus().cluster_status()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemberBody {
+    id: u64,
+    addr: String,
+}
+
+async fn add_member(
+    State(s): State<LockService>,
+    Body(b): Body<MemberBody>,
+) -> Result<Json<Value>> {
+    Ok(Json(json!(s.consensus().add_member(b.id, b.addr).await?)))
+}
+
+async fn remove_member(State(s): State<LockService>, Param(id): Param) -> Result<Json<Value>> {
+    let id = id
+        .parse()
+        .map_err(|_| ApiError::invalid("id", format!("{id:?} is not a node id")))?;
+    Ok(Json(json!(s.consensus().remove_member(id).await?)))
 }

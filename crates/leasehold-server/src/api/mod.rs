@@ -15,6 +15,8 @@ use crate::service::LockService;
 /// The whole API as one router: gRPC requests (HTTP/2, `application/grpc`) go
 /// to the tonic service, everything else to the HTTP/JSON routes.
 pub fn router(service: LockService) -> axum::Router {
-    let grpc = tonic::service::Routes::new(grpc::server(service.clone())).into_axum_router();
+    let grpc = tonic::service::Routes::new(grpc::server(service.clone()))
+        .add_service(service.consensus().peer_service())
+        .into_axum_router();
     http::router(service).merge(grpc).fallback(http::not_found)
 }

@@ -630,3 +630,253 @@ pub(crate) fn write_atomically(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// openraft's storage conformance suite, run against our log store and state
+/// machine, plus the crash cases specific to our on-disk format.
+#[cfg(test)]
+mod storage_tests {
+    use std::sync::Arc;
+
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::{Entry, EntryPayload, LogId, RaftLogReader, StorageError};
+
+    use super::LogStore;
+    use crate::hub::Hub;
+    use crate::raft::state_machine::StateMachine;
+    use crate::raft::{NodeId, TypeConfig};
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<NodeId>> {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let log = LogStore::open(dir.path()).expect("open log");
+            let sm = StateMachine::open(
+                dir.path(),
+                Arc::new(Hub::default()),
+                1_000,
+                log.applied_index(),
+            )
+            .expect("open state machine");
+            Ok((dir, log, sm))
+        }
+    }
+
+    #[test]
+    fn openraft_storage_suite() {
+        Suite::test_all(Builder).expect("storage suite");
+    }
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    async fn append(log: &mut LogStore, entries: Vec<Entry<TypeConfig>>) {
+        log.blocking_append(entries)
+            .await
+            .expect("append and flush");
+    }
+
+    fn only_segment(dir: &std::path::Path) -> std::path::PathBuf {
+        std::fs::read_dir(dir.join("log"))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path()
+    }
+
+    /// The byte ranges of the records at the start of a segment (it is
+    /// preallocated, so the file is longer than its records).
+    fn record_spans(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
+        let mut spans = Vec::new();
+        let mut at = 0;
+        while at + 8 <= bytes.len() {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            if len == 0 {
+                break;
+            }
+            spans.push(at..at + 8 + len);
+            at += 8 + len;
+        }
+        spans
+    }
+
+    async fn indexes(log: &mut LogStore) -> Vec<u64> {
+        let entries = log.try_get_log_entries(..).await.unwrap();
+        entries.iter().map(|e| e.log_id.index).collect()
+    }
+
+    #[tokio::test]
+    async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            append(&mut log, (1..=10).map(blank).collect()).await;
+        }
+        // A crash mid-write leaves half a record after the last whole one.
+        let seg = only_segment(dir.path());
+        let mut bytes = std::fs::read(&seg).unwrap();
+        let whole = record_spans(&bytes).last().unwrap().end;
+        bytes[whole..whole + 7].copy_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
+        std::fs::write(&seg, &bytes).unwrap();
+
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        let after = std::fs::read(&seg).unwrap();
+        assert_eq!(&after[..whole], &bytes[..whole]);
+        assert!(
+            after[whole..].iter().all(|&b| b == 0),
+            "the torn record is cut"
+        );
+        assert_eq!(indexes(&mut log).await, (1..=10).collect::<Vec<_>>());
+        // And the log keeps working after the cut.
+        append(&mut log, vec![blank(11)]).await;
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen again");
+        assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
+    }
+
+    /// A crash can persist the end of an unacknowledged write but not its
+    /// start. Records written later over that start must not join up with
+    /// the stale remainder.
+    #[tokio::test]
+    async fn a_stale_record_behind_a_gap_is_never_replayed() {
+        let donor = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(donor.path()).expect("open");
+            append(&mut log, (1..=12).map(blank).collect()).await;
+        }
+        let donor_bytes = std::fs::read(only_segment(donor.path())).unwrap();
+        let donor_spans = record_spans(&donor_bytes);
+        let (eleven, twelve) = (donor_spans[10].clone(), donor_spans[11].clone());
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            append(&mut log, (1..=10).map(blank).collect()).await;
+        }
+        let seg = only_segment(dir.path());
+        let mut bytes = std::fs::read(&seg).unwrap();
+        let end = record_spans(&bytes).last().unwrap().end;
+        // Entry 11's bytes never reached the disk; entry 12's did.
+        let twelve_at = end + eleven.len();
+        bytes[twelve_at..twelve_at + twelve.len()].copy_from_slice(&donor_bytes[twelve]);
+        std::fs::write(&seg, &bytes).unwrap();
+
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(indexes(&mut log).await, (1..=10).collect::<Vec<_>>());
+        append(&mut log, vec![blank(11)]).await;
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen again");
+        assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
+    }
+
+    fn big(index: u64) -> Entry<TypeConfig> {
+        let command = leasehold_core::Command::SaveCheckpoint {
+            key: format!("k{index}"),
+            fence: index,
+            data: vec![index as u8; 64 * 1024],
+        };
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(crate::raft::Request {
+                stamp: leasehold_core::Stamp { now: 0, epoch: 1 },
+                commands: vec![command],
+            }),
+        }
+    }
+
+    fn segment_count(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("log")).unwrap().count()
+    }
+
+    #[tokio::test]
+    async fn segments_roll_over_and_purged_ones_are_deleted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            // 300 x 64 KiB: more than two 8 MiB segments.
+            for chunk in (1..=300).collect::<Vec<u64>>().chunks(20) {
+                append(&mut log, chunk.iter().map(|&i| big(i)).collect()).await;
+            }
+            assert_eq!(segment_count(dir.path()), 3);
+            log.purge(*big(280).get_log_id()).await.unwrap();
+            // Flushed after the purge, so the purge is done when it returns.
+            append(&mut log, vec![big(301)]).await;
+        }
+        assert_eq!(
+            segment_count(dir.path()),
+            1,
+            "segments below the purge point are deleted"
+        );
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        assert_eq!(indexes(&mut log).await, (281..=301).collect::<Vec<_>>());
+        let entries = log.try_get_log_entries(300..301).await.unwrap();
+        assert_eq!(
+            format!("{:?}", entries[0].payload),
+            format!("{:?}", big(300).payload)
+        );
+        append(&mut log, vec![big(302)]).await;
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen again");
+        assert_eq!(indexes(&mut log).await, (281..=302).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn applied_entries_leave_memory_and_are_read_back_from_disk() {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = LogStore::open(dir.path()).expect("open");
+        append(&mut log, (1..=200).map(blank).collect()).await;
+        log.truncate(*blank(190).get_log_id()).await.unwrap();
+        log.purge(*blank(5).get_log_id()).await.unwrap();
+        log.applied_index().store(180, Ordering::Relaxed);
+        append(&mut log, (190..=210).map(blank).collect()).await;
+        let in_memory = log.entries_in_memory();
+        assert!(
+            in_memory < 100,
+            "applied entries stay in memory: {in_memory}"
+        );
+        // Every entry not purged is still there, from disk or from memory,
+        // with the truncation and the purge applied.
+        assert_eq!(indexes(&mut log).await, (6..=210).collect::<Vec<_>>());
+        let some = log.try_get_log_entries(10..20).await.unwrap();
+        assert_eq!(
+            some.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            (10..20).collect::<Vec<_>>()
+        );
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(210));
+    }
+
+    #[tokio::test]
+    async fn truncate_and_purge_survive_a_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut log = LogStore::open(dir.path()).expect("open");
+            append(&mut log, (1..=10).map(blank).collect()).await;
+            log.truncate(*blank(8).get_log_id()).await.unwrap();
+            log.purge(*blank(3).get_log_id()).await.unwrap();
+            append(&mut log, vec![blank(8)]).await;
+        }
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        let indexes: Vec<u64> = log
+            .try_get_log_entries(0..100)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.log_id.index)
+            .collect();
+        assert_eq!(indexes, vec![4, 5, 6, 7, 8]);
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
+    }
+
+    use openraft::RaftLogId;
+}

@@ -29,7 +29,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A failed call.
 #[derive(Debug)]
 pub(super) enum CallError {
-    /// No answer from the server.
+    /// The request never left: no connection could be made. Safe to send
+    /// anywhere.
+    Unsent(String),
+    /// No answer from the server: the request may or may not have acted.
     Transport(String),
     /// The server's refusal.
     Server(pb::ErrorReply),
@@ -130,7 +133,7 @@ impl Frames {
                 Err(mpsc::error::SendError(back)) => call = back,
             }
         }
-        Err(CallError::Transport(format!(
+        Err(CallError::Unsent(format!(
             "leaseholdd at {} closed the connection",
             self.inner.addr
         )))
@@ -141,7 +144,7 @@ impl Frames {
         if let Some(q) = queue.as_ref().filter(|q| !q.is_closed()) {
             return Ok(q.clone());
         }
-        let q = open(&self.inner.addr).await.map_err(CallError::Transport)?;
+        let q = open(&self.inner.addr).await.map_err(CallError::Unsent)?;
         *queue = Some(q.clone());
         Ok(q)
     }

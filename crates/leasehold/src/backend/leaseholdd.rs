@@ -31,7 +31,8 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::frames::{CallError, Frames};
+use super::endpoints::Endpoints;
+use super::frames::CallError;
 use super::{Acquired, Backend, Guarantee, Hold, LockEvent, LockOptions, LockStatus};
 use crate::keeper::{Keeper, Liveness, RenewError};
 use crate::{Error, Fence, Result};
@@ -47,10 +48,8 @@ fn backoff(attempt: usize) -> Duration {
 
 /// The leaseholdd backend.
 pub struct Leaseholdd {
-    /// Waiting acquires, status and watch.
-    rpc: LeaseholdClient<Channel>,
-    /// Everything that never waits.
-    frames: Frames,
+    /// The deployment's endpoints; calls go to its leader.
+    endpoints: Arc<Endpoints>,
     /// Session leases by TTL in milliseconds.
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     /// Held while a session is being granted.
@@ -153,7 +152,9 @@ fn lock_error(
             reason: message,
         },
         Some("invalid_argument") => Error::InvalidArgument(message),
-        Some("not_leader") | Some("unavailable") => Error::Unavailable(message),
+        Some("not_leader") | Some("unavailable") | Some("outcome_unknown") => {
+            Error::Unavailable(message)
+        }
         _ => Error::Other(message),
     }
 }
@@ -161,7 +162,7 @@ fn lock_error(
 impl CallError {
     fn into_error(self, key: &str) -> Error {
         match self {
-            CallError::Transport(m) => Error::Unavailable(m),
+            CallError::Transport(m) | CallError::Unsent(m) => Error::Unavailable(m),
             CallError::Server(reply) => lock_error(
                 key,
                 Some(reply.code.as_str()).filter(|c| !c.is_empty()),
@@ -173,23 +174,11 @@ impl CallError {
 }
 
 impl Leaseholdd {
-    /// Connects to `http://host:port`.
+    /// Connects to `http://host:port`, or to a cluster's nodes,
+    /// `http://host1:port,host2:port,...`: calls go to the leader.
     pub async fn connect(url: &str) -> Result<Leaseholdd> {
-        let url = url.replacen("leasehold://", "http://", 1);
-        let endpoint = Channel::from_shared(url.clone())
-            .map_err(|e| Error::InvalidArgument(format!("endpoint {url:?}: {e}")))?
-            .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true);
-        let uri = endpoint.uri();
-        let addr = match (uri.host(), uri.port_u16()) {
-            (Some(host), port) => format!("{host}:{}", port.unwrap_or(80)),
-            (None, _) => return Err(Error::InvalidArgument(format!("endpoint {url:?}: no host"))),
-        };
-        // Fails now, with a clear error, if nothing listens there.
-        let frames = Frames::connect(addr).await.map_err(Error::Unavailable)?;
         Ok(Leaseholdd {
-            rpc: LeaseholdClient::new(endpoint.connect_lazy()),
-            frames,
+            endpoints: Arc::new(Endpoints::connect(url).await?),
             sessions: Mutex::new(HashMap::new()),
             granting: tokio::sync::Mutex::new(()),
         })
@@ -255,7 +244,7 @@ impl Leaseholdd {
         let mut attempt = 0;
         let lease = loop {
             match self
-                .frames
+                .endpoints
                 .call::<pb::GrantResponse>(Op::Grant, &grant)
                 .await
             {
@@ -269,12 +258,12 @@ impl Leaseholdd {
                 },
             }
         };
-        let frames = self.frames.clone();
+        let endpoints = self.endpoints.clone();
         let keeper = Keeper::spawn(ttl, sent_at, move || {
-            let frames = frames.clone();
+            let endpoints = endpoints.clone();
             async move {
                 let renew = pb::KeepAliveRequest { lease_id: lease };
-                match frames
+                match endpoints
                     .call::<pb::KeepAliveResponse>(Op::KeepAlive, &renew)
                     .await
                 {
@@ -296,7 +285,7 @@ impl Leaseholdd {
     }
 
     /// Stops renewing a session and ends it on the server.
-    async fn end_session(frames: &Frames, session: &Session) {
+    async fn end_session(endpoints: &Endpoints, session: &Session) {
         let keeper = session
             .keeper
             .lock()
@@ -308,7 +297,9 @@ impl Leaseholdd {
         let revoke = pb::RevokeRequest {
             lease_id: session.lease,
         };
-        let _ = frames.call::<pb::RevokeResponse>(Op::Revoke, &revoke).await;
+        let _ = endpoints
+            .call::<pb::RevokeResponse>(Op::Revoke, &revoke)
+            .await;
     }
 }
 
@@ -374,16 +365,17 @@ impl Backend for Leaseholdd {
                 ..Default::default()
             };
             let granted = if wait_ms == 0 {
-                match self.frames.acquire(&request, claim.clone()).await {
+                match self.endpoints.acquire(&request, claim.clone()).await {
                     Ok(r) => Ok((r.fence, r.checkpoint)),
                     Err(e) => Err(e.into_error(key)),
                 }
             } else {
-                match self.rpc.clone().acquire(request).await {
-                    Ok(r) => {
-                        let r = r.into_inner();
-                        Ok((r.fence, r.checkpoint))
-                    }
+                let call = |mut rpc: LeaseholdClient<Channel>| {
+                    let request = request.clone();
+                    async move { rpc.acquire(request).await }
+                };
+                match self.endpoints.grpc(call).await {
+                    Ok(r) => Ok((r.fence, r.checkpoint)),
                     Err(s) => Err(error(key, s)),
                 }
             };
@@ -394,7 +386,7 @@ impl Backend for Leaseholdd {
                         checkpoint,
                         liveness: session.liveness.child(),
                         hold: Box::new(LeaseholddHold {
-                            frames: self.frames.clone(),
+                            endpoints: self.endpoints.clone(),
                             key: key.to_string(),
                             fence,
                             claim,
@@ -403,7 +395,7 @@ impl Backend for Leaseholdd {
                 }
                 Err(e) => {
                     if session.private {
-                        Self::end_session(&self.frames, &session).await;
+                        Self::end_session(&self.endpoints, &session).await;
                     }
                     match e {
                         // The session expired under us (e.g. the server was down
@@ -426,16 +418,19 @@ impl Backend for Leaseholdd {
     }
 
     async fn status(&self, prefix: &str) -> Result<Vec<LockStatus>> {
+        let request = pb::ListLocksRequest {
+            prefix: prefix.to_string(),
+            limit: 0,
+        };
+        let call = |mut rpc: LeaseholdClient<Channel>| {
+            let request = request.clone();
+            async move { rpc.list_locks(request).await }
+        };
         let locks = self
-            .rpc
-            .clone()
-            .list_locks(pb::ListLocksRequest {
-                prefix: prefix.to_string(),
-                limit: 0,
-            })
+            .endpoints
+            .grpc(call)
             .await
             .map_err(|s| error(prefix, s))?
-            .into_inner()
             .locks;
         Ok(locks
             .into_iter()
@@ -454,7 +449,10 @@ impl Backend for Leaseholdd {
     }
 
     async fn watch(&self, prefix: &str) -> Result<BoxStream<'static, Result<LockEvent>>> {
+        // Every node applies every entry, so any node can serve a watch.
         let stream = self
+            .endpoints
+            .route()
             .rpc
             .clone()
             .watch(pb::WatchRequest {
@@ -483,7 +481,7 @@ impl Backend for Leaseholdd {
     }
 
     async fn release_by_fence(&self, key: &str, fence: Fence) -> Result<()> {
-        release(&self.frames, key, fence).await
+        release(&self.endpoints, key, fence).await
     }
 
     async fn close(&self) {
@@ -495,12 +493,12 @@ impl Backend for Leaseholdd {
             .map(|(_, s)| s)
             .collect();
         for s in sessions {
-            Self::end_session(&self.frames, &s).await;
+            Self::end_session(&self.endpoints, &s).await;
         }
     }
 }
 
-async fn release(frames: &Frames, key: &str, fence: Fence) -> Result<()> {
+async fn release(endpoints: &Endpoints, key: &str, fence: Fence) -> Result<()> {
     let request = pb::ReleaseRequest {
         key: key.to_string(),
         fence,
@@ -508,7 +506,7 @@ async fn release(frames: &Frames, key: &str, fence: Fence) -> Result<()> {
     };
     let mut attempt = 0;
     loop {
-        match frames
+        match endpoints
             .call::<pb::ReleaseResponse>(Op::Release, &request)
             .await
         {
@@ -525,7 +523,7 @@ async fn release(frames: &Frames, key: &str, fence: Fence) -> Result<()> {
 }
 
 struct LeaseholddHold {
-    frames: Frames,
+    endpoints: Arc<Endpoints>,
     key: String,
     fence: Fence,
     /// The key on its session, held until this hold is gone.
@@ -538,9 +536,9 @@ impl Hold for LeaseholddHold {
         // The session's renewal covers other locks too and goes on; the
         // release is ownership-checked by this hold's token. A lease made
         // for this lock alone ends with it.
-        let released = release(&self.frames, &self.key, self.fence).await;
+        let released = release(&self.endpoints, &self.key, self.fence).await;
         if self.claim.session.private {
-            Leaseholdd::end_session(&self.frames, &self.claim.session).await;
+            Leaseholdd::end_session(&self.endpoints, &self.claim.session).await;
         }
         released
     }
@@ -551,7 +549,7 @@ impl Hold for LeaseholddHold {
             fence: self.fence,
             data: data.to_vec(),
         };
-        self.frames
+        self.endpoints
             .call::<pb::SaveCheckpointResponse>(Op::SaveCheckpoint, &request)
             .await
             .map(drop)

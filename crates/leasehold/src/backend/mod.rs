@@ -1,6 +1,7 @@
 //! The lock stores, one file each, behind [`Backend`]: what every store
 //! implements, and [`connect`], which picks one by URL.
 
+mod endpoints;
 pub mod etcd;
 mod frames;
 pub mod leaseholdd;

@@ -1,0 +1,110 @@
+//! Proposals: lock-table commands gathered into log entries (group commit
+//! above openraft).
+//!
+//! openraft 0.9 appends each client write separately and waits for its flush
+//! before the next, so one write per entry would cost one fsync per command.
+//! Instead concurrent proposals are gathered into one entry: while one batch
+//! is being made durable, the next fills.
+//!
+//! What a proposal's failure promises is in [`ConsensusError`]: refused here
+//! before anything was handed to Raft (`NotLeader`, `Starting`), or handed to
+//! Raft and then cut off (`Unknown`: the entry may still commit).
+
+use std::sync::Arc;
+
+use leasehold_core::{Command, Outcome, Stamp};
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use super::{Consensus, ConsensusError, Request};
+
+/// At most this many commands in one log entry.
+pub(super) const MAX_BATCH: usize = 1024;
+/// At most this many batches handed to openraft at once. openraft 0.9 writes
+/// and fsyncs one entry at a time, so a second batch in flight does not
+/// overlap anything; it only splits the next batch in two (measured: 1 in
+/// flight gave 8.3k cycles/s at 50 clients, 2 gave 7.6k, 4 gave 6.0k).
+const MAX_IN_FLIGHT: usize = 1;
+
+pub(super) type Proposal = (Command, oneshot::Sender<Result<Outcome, ConsensusError>>);
+
+impl Consensus {
+    /// Stamps `command` with the leader's clock, replicates it durably and
+    /// applies it. Answers once the entry is committed and applied.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, ConsensusError> {
+        if self.leader_clock().is_none() {
+            return Err(self.not_leader());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.proposals
+            .send((command, tx))
+            .await
+            .map_err(|_| ConsensusError::Stopped("the proposer stopped".into()))?;
+        rx.await
+            .map_err(|_| ConsensusError::Unknown("the proposer dropped a proposal".into()))?
+    }
+
+    /// Gathers proposals into batches, one log entry each.
+    pub(super) async fn batch_proposals(self, mut queue: mpsc::Receiver<Proposal>) {
+        let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+        while let Some(first) = queue.recv().await {
+            // Waiting for a slot is what lets the next batch grow.
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let mut batch = Vec::with_capacity(MAX_BATCH.min(queue.len() + 1));
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
+                }
+            }
+            let this = self.clone();
+            tokio::spawn(async move {
+                this.write_batch(batch).await;
+                drop(permit);
+            });
+        }
+    }
+
+    async fn write_batch(&self, batch: Vec<Proposal>) {
+        let Some(clock) = self.leader_clock() else {
+            let e = self.not_leader();
+            for (_, tx) in batch {
+                let _ = tx.send(Err(e.clone()));
+            }
+            return;
+        };
+        let (commands, answers): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+        let request = Request {
+            stamp: Stamp {
+                now: clock.now(self.clock.as_ref()),
+                epoch: clock.epoch,
+            },
+            commands,
+        };
+        let result = match self.raft.client_write(request).await {
+            Ok(response) => Ok(response.data),
+            // Refused before it was appended: it will never commit.
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ConsensusError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Err(e) => Err(ConsensusError::Unknown(e.to_string())),
+        };
+        match result {
+            Ok(outcomes) => {
+                for (tx, outcome) in answers.into_iter().zip(outcomes) {
+                    let _ = tx.send(Ok(outcome));
+                }
+            }
+            Err(e) => {
+                for tx in answers {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}

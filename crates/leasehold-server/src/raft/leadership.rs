@@ -1,0 +1,187 @@
+//! The leader's clock, and following this node's role.
+//!
+//! Time enters the lock table only as the leader's stamp on each log entry
+//! (DESIGN §1 "Time and expiry"). A node measures only durations, on its own
+//! monotonic [`Clock`]; its stamps continue from the table time applied when
+//! it became leader, so table time runs on across leader changes. Each
+//! leadership stamps a higher epoch, and its first command gives every live
+//! lease its full TTL again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasehold_core::{Command, Time};
+use openraft::ServerState;
+
+use super::{Consensus, NodeId};
+
+/// A monotonic clock: time elapsed since a fixed origin. The system's in
+/// production; a simulation injects its own.
+pub trait Clock: Send + Sync + 'static {
+    /// Time since this clock's origin; never goes back.
+    fn elapsed(&self) -> Duration;
+}
+
+/// The process's monotonic clock.
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Clock for SystemClock {
+    fn elapsed(&self) -> Duration {
+        self.origin.elapsed()
+    }
+}
+
+/// The leader's clock: table time when this node became leader, plus the
+/// time elapsed on its own clock since.
+#[derive(Clone, Copy)]
+pub(super) struct LeaderClock {
+    pub term: u64,
+    pub epoch: u64,
+    base: Time,
+    started: Duration,
+}
+
+impl LeaderClock {
+    pub fn now(&self, clock: &dyn Clock) -> Time {
+        let elapsed = clock.elapsed().saturating_sub(self.started);
+        self.base + elapsed.as_millis() as Time
+    }
+}
+
+/// The epoch a new leadership stamps on its commands: above every epoch
+/// applied so far, so its first command gives every lease its full TTL again.
+///
+/// The term is in the high bits, so a higher term always wins. A restarted
+/// single node may lead again in the same term; the low bits count those
+/// incarnations.
+pub(super) fn leadership_epoch(term: u64, applied_epoch: u64) -> u64 {
+    const INCARNATION_BITS: u32 = 24;
+    if applied_epoch >> INCARNATION_BITS >= term {
+        applied_epoch + 1
+    } else {
+        term << INCARNATION_BITS
+    }
+}
+
+impl Consensus {
+    /// Keeps the leader clock in step with this node's role: set it (from the
+    /// applied table time) once this node leads with an up-to-date state
+    /// machine, clear it the moment it stops leading, so that a deposed leader
+    /// stamps and proposes nothing more.
+    pub(super) async fn follow_leadership(self, me: NodeId) {
+        let mut metrics = self.raft.metrics();
+        let mut last_state = None;
+        let mut last_leader = None;
+        loop {
+            let (leading, term, state, leader) = {
+                let m = metrics.borrow_and_update();
+                (
+                    m.state == ServerState::Leader && m.current_leader == Some(me),
+                    m.current_term,
+                    m.state,
+                    m.current_leader,
+                )
+            };
+            if leader != last_leader {
+                if leader.is_some() {
+                    self.hub().metrics.leader_changed();
+                }
+                last_leader = leader;
+            }
+            if last_state != Some(state) {
+                if last_state == Some(ServerState::Leader) {
+                    tracing::info!(
+                        term,
+                        ?leader,
+                        ?state,
+                        "stepped down: another node leads or this one lost its quorum"
+                    );
+                }
+                last_state = Some(state);
+            }
+            let current = self.leader_clock().map(|c| c.term);
+            if !leading {
+                self.set_leader_clock(None);
+            } else if current != Some(term) {
+                // Wait until everything committed before this term is applied,
+                // so the clock starts from the latest table time.
+                match self.raft.ensure_linearizable().await {
+                    Ok(_) => {
+                        let (base, applied_epoch) = {
+                            let applied = self.shared.lock();
+                            (applied.table.now(), applied.table.epoch())
+                        };
+                        let epoch = leadership_epoch(term, applied_epoch);
+                        tracing::info!(
+                            term,
+                            epoch,
+                            table_time = base,
+                            "leading; expiry driver armed"
+                        );
+                        self.set_leader_clock(Some(LeaderClock {
+                            term,
+                            epoch,
+                            base,
+                            started: self.clock.elapsed(),
+                        }));
+                        // The first command of the new epoch restamps every lease.
+                        if let Err(e) = self.propose(Command::Tick).await {
+                            tracing::debug!(error = %e, "first tick of a new leadership");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "not yet able to lead");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                }
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    pub(super) fn leader_clock(&self) -> Option<LeaderClock> {
+        *self.leader.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_leader_clock(&self, clock: Option<LeaderClock>) {
+        *self.leader.lock().unwrap_or_else(|e| e.into_inner()) = clock;
+    }
+
+    /// The leader's current time, if this node leads.
+    pub fn now(&self) -> Option<Time> {
+        self.leader_clock().map(|c| c.now(self.clock.as_ref()))
+    }
+}
+
+/// The clock handed to a node when none is injected.
+pub fn system_clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leadership_epoch;
+
+    #[test]
+    fn every_leadership_gets_a_higher_epoch() {
+        let first = leadership_epoch(1, 0);
+        let restarted = leadership_epoch(1, first);
+        let again = leadership_epoch(1, restarted);
+        let new_term = leadership_epoch(2, again);
+        assert!(0 < first && first < restarted && restarted < again && again < new_term);
+        assert!(leadership_epoch(3, leadership_epoch(2, 5)) > leadership_epoch(2, 5));
+    }
+}

@@ -1,0 +1,218 @@
+//! Starting a node: from injected parts, and forming a group exactly once.
+//!
+//! A node is built from its id and address, the voters of a new group, a log
+//! store, the lock table's state machine, a peer network and a clock
+//! ([`Consensus::start_with`]); [`Consensus::start`] supplies the real ones
+//! (segment log and snapshot under the data dir, gRPC peers, the system's
+//! monotonic clock), a simulation its own.
+//!
+//! Forming a group: a node whose log is empty initializes the group only if
+//! it is the single member, or the lowest id of the initial voters and no
+//! peer answers that it already belongs to an initialized group. Every other
+//! node waits to be contacted by a leader. A node restarted on its data dir
+//! rejoins with what the dir records; a wiped member is brought back by the
+//! leader (log or snapshot), not by a second initialization.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use openraft::error::{InitializeError, RaftError};
+use openraft::network::RaftNetworkFactory;
+use openraft::storage::RaftLogStorage;
+use openraft::{BasicNode, Config, Raft, SnapshotPolicy};
+use tokio::sync::mpsc;
+
+use super::batch::MAX_BATCH;
+use super::leadership::{system_clock, Clock};
+use super::log_store::LogStore;
+use super::peer::PeerNetwork;
+use super::state_machine::StateMachine;
+use super::{Consensus, NodeId, TypeConfig};
+use crate::hub::Hub;
+
+/// Tuning for the Raft node.
+#[derive(Debug, Clone)]
+pub struct RaftOptions {
+    /// Take a snapshot after this many applied commands since the last one.
+    pub snapshot_every: u64,
+    /// The leader's heartbeat to followers.
+    pub heartbeat: Duration,
+    /// A follower that hears no leader for a random time in this range
+    /// starts an election. Failover takes about the low end plus one
+    /// round trip.
+    pub election_timeout: (Duration, Duration),
+}
+
+impl Default for RaftOptions {
+    fn default() -> Self {
+        RaftOptions {
+            snapshot_every: 100_000,
+            heartbeat: Duration::from_millis(50),
+            election_timeout: (Duration::from_millis(100), Duration::from_millis(200)),
+        }
+    }
+}
+
+/// Who a node is, and the voters of the group it forms if it is new.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// This node's id.
+    pub id: NodeId,
+    /// Its address, as its peers and clients reach it.
+    pub addr: String,
+    /// The initial voters by id, this node among them. One member: a
+    /// single-node group.
+    pub members: BTreeMap<NodeId, String>,
+}
+
+impl NodeSpec {
+    /// A single-node group: node 1 at `addr`.
+    pub fn single(addr: &str) -> NodeSpec {
+        NodeSpec {
+            id: 1,
+            addr: addr.to_string(),
+            members: BTreeMap::from([(1, addr.to_string())]),
+        }
+    }
+}
+
+fn raft_config(options: &RaftOptions) -> anyhow::Result<Arc<Config>> {
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let config = Config {
+        cluster_name: "leasehold".into(),
+        heartbeat_interval: ms(options.heartbeat),
+        election_timeout_min: ms(options.election_timeout.0),
+        election_timeout_max: ms(options.election_timeout.1),
+        // Snapshots are triggered by applied commands (see `snapshot_when_due`).
+        snapshot_policy: SnapshotPolicy::Never,
+        // Entries are batches of up to MAX_BATCH commands: keep few after a
+        // snapshot, and send few per append.
+        max_in_snapshot_log_to_keep: 8,
+        max_payload_entries: 64,
+        // A 3 MiB snapshot chunk over loopback or a LAN, with room for a
+        // loaded machine.
+        install_snapshot_timeout: 2_000,
+        ..Default::default()
+    };
+    Ok(Arc::new(config.validate().context("validate raft config")?))
+}
+
+impl Consensus {
+    /// Opens the log and snapshot under `dir` and starts the node with gRPC
+    /// peers and the system's clock.
+    pub async fn start(
+        dir: &Path,
+        spec: NodeSpec,
+        hub: Arc<Hub>,
+        options: RaftOptions,
+    ) -> anyhow::Result<Consensus> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("create data dir {}", dir.display()))?;
+        let log =
+            LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
+        let sm = StateMachine::open(dir, hub, options.snapshot_every, log.applied_index())
+            .with_context(|| format!("open snapshot in {}", dir.display()))?;
+        Consensus::start_with(spec, options, log, sm, PeerNetwork, system_clock()).await
+    }
+
+    /// Starts a node from its parts.
+    pub async fn start_with<LS, N>(
+        spec: NodeSpec,
+        options: RaftOptions,
+        log: LS,
+        sm: StateMachine,
+        network: N,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Consensus>
+    where
+        LS: RaftLogStorage<TypeConfig>,
+        N: RaftNetworkFactory<TypeConfig>,
+    {
+        anyhow::ensure!(
+            spec.members.contains_key(&spec.id),
+            "node {} is not among the initial members {:?}",
+            spec.id,
+            spec.members.keys().collect::<Vec<_>>()
+        );
+        let shared = sm.shared.clone();
+        let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
+            .await
+            .context("start raft")?;
+        let (proposals, queue) = mpsc::channel(64 * MAX_BATCH);
+        let consensus = Consensus {
+            raft,
+            shared,
+            clock,
+            leader: Arc::new(Mutex::new(None)),
+            proposals,
+            id: spec.id,
+        };
+        consensus.form_group(&spec).await?;
+        tokio::spawn(consensus.clone().follow_leadership(spec.id));
+        tokio::spawn(consensus.clone().batch_proposals(queue));
+        tokio::spawn(consensus.clone().snapshot_when_due());
+        Ok(consensus)
+    }
+
+    /// Initializes the group if this node is the one to (see the module doc).
+    async fn form_group(&self, spec: &NodeSpec) -> anyhow::Result<()> {
+        // Asked first: openraft logs an error for an initialize it refuses,
+        // and a restart is not an error.
+        if self
+            .raft
+            .is_initialized()
+            .await
+            .context("read raft state")?
+        {
+            tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
+            return Ok(());
+        }
+        let lowest = spec.members.keys().next().copied();
+        if lowest != Some(spec.id) {
+            tracing::info!(id = spec.id, "new node: waiting for a leader to contact it");
+            return Ok(());
+        }
+        for (&id, addr) in spec.members.iter().filter(|(&id, _)| id != spec.id) {
+            if super::peer::probe(addr)
+                .await
+                .is_some_and(|p| p.initialized)
+            {
+                tracing::warn!(
+                    id = spec.id,
+                    peer = id,
+                    "this node's data dir is empty but its peers already form a group: not initializing; the leader will bring it back"
+                );
+                return Ok(());
+            }
+        }
+        let members: BTreeMap<NodeId, BasicNode> = spec
+            .members
+            .iter()
+            .map(|(&id, addr)| (id, BasicNode { addr: addr.clone() }))
+            .collect();
+        match self.raft.initialize(members).await {
+            Ok(()) => tracing::info!(
+                id = spec.id,
+                members = ?spec.members,
+                "initialized a new group"
+            ),
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(e) => return Err(e).context("initialize raft group"),
+        }
+        Ok(())
+    }
+
+    /// Takes a snapshot (and so lets the log be purged) every
+    /// `snapshot_every` applied commands.
+    async fn snapshot_when_due(self) {
+        loop {
+            self.shared.snapshot_due.notified().await;
+            if self.raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! A cluster of real `leaseholdd` processes: forming once, serving from the
+//! leader, followers that crash or lose their data catching up, a whole
+//! cluster restarting, and membership changes.
+
+use std::time::Duration;
+
+use leasehold_testkit::{http_get, wait_until, Cluster};
+use serde_json::{json, Value};
+
+fn health(addr: &str) -> Value {
+    http_get(addr, "/health")
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or(Value::Null)
+}
+
+async fn post(addr: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(addr: &str, path: &str) -> (u16, Value) {
+    let r = reqwest::get(format!("http://{addr}{path}"))
+        .await
+        .expect("get");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn leader_addr(c: &Cluster) -> String {
+    c.nodes[c.wait_leader()].addr.clone()
+}
+
+/// Exactly one group forms, with one leader; followers refuse writes with
+/// the leader's address as a field, and serve health with role and term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_forms_once_and_followers_name_the_leader() {
+    let c = Cluster::start(3);
+    let leader = c.wait_leader();
+    let leaders: Vec<_> = c.nodes.iter().filter(|n| n.leads()).collect();
+    assert_eq!(leaders.len(), 1);
+    let term = health(&c.nodes[leader].addr)["term"].clone();
+    for (i, n) in c.nodes.iter().enumerate() {
+        let h = health(&n.addr);
+        assert_eq!(h["leader_addr"], json!(c.nodes[leader].addr), "{h}");
+        assert_eq!(h["term"], term);
+        assert_eq!(h["role"], if i == leader { "leader" } else { "follower" });
+        if i != leader {
+            let (s, e) = post(&n.addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 5_000})).await;
+            assert_eq!(s, 503, "{e}");
+            assert_eq!(e["error"]["code"], "not_leader");
+            assert_eq!(e["error"]["leader"], json!(c.nodes[leader].addr));
+        }
+    }
+    let (s, status) = get(&c.nodes[leader].addr, "/v1/cluster").await;
+    assert_eq!(s, 200);
+    assert_eq!(status["members"].as_array().unwrap().len(), 3);
+    assert!(status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["voter"] == true));
+    // Exactly one initialization: the log says so on one node only.
+    let inits = c
+        .nodes
+        .iter()
+        .filter(|n| n.output().contains("initialized a new group"))
+        .count();
+    assert_eq!(inits, 1);
+}
+
+/// A follower killed and restarted catches up; a follower whose data is
+/// wiped is rebuilt by the leader; the whole cluster stopped and started
+/// keeps every lock and the token sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
+    // Snapshots often, so the wiped node needs one.
+    let mut c = Cluster::start_with(3, &["--snapshot-every", "50"]);
+    let leader = leader_addr(&c);
+    let follower = (0..3).find(|&i| c.nodes[i].addr != leader).unwrap();
+    c.kill(follower);
+    let mut fences = Vec::new();
+    for i in 0..120 {
+        let (s, r) = post(
+            &leader,
+            "/v1/acquire",
+            json!({"key": format!("k{i}"), "ttl_ms": 600_000}),
+        )
+        .await;
+        assert_eq!(s, 200, "{r}");
+        fences.push(r["fence"].as_u64().unwrap());
+    }
+    let applied = |addr: &str| health(addr)["last_applied"].as_u64().unwrap_or(0);
+    let target = applied(&leader);
+    c.restart(follower);
+    let addr = c.nodes[follower].addr.clone();
+    wait_until(
+        Duration::from_secs(20),
+        "the restarted follower to catch up",
+        || applied(&addr) >= target,
+    );
+
+    let wiped = (0..3)
+        .find(|&i| c.nodes[i].addr != leader && i != follower)
+        .unwrap();
+    c.wipe(wiped);
+    let addr = c.nodes[wiped].addr.clone();
+    wait_until(
+        Duration::from_secs(20),
+        "the wiped follower to be rebuilt",
+        || applied(&addr) >= target,
+    );
+
+    for i in 0..3 {
+        c.kill(i);
+    }
+    for i in 0..3 {
+        c.restart(i);
+    }
+    let leader = leader_addr(&c);
+    let (_, locks) = get(&leader, "/v1/locks").await;
+    assert_eq!(
+        locks["locks"].as_array().unwrap().len(),
+        120,
+        "every lock survived"
+    );
+    let (s, r) = post(
+        &leader,
+        "/v1/acquire",
+        json!({"key": "after", "ttl_ms": 5_000}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    assert!(r["fence"].as_u64().unwrap() > *fences.iter().max().unwrap());
+}
+
+/// A fourth node joins as a learner, catches up and becomes a voter; the
+/// old leader is removed and the group goes on; a change that would leave
+/// no quorum is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_are_added_and_removed_and_quorum_is_kept() {
+    let mut c = Cluster::start(3);
+    let leader = c.wait_leader();
+    let addr = c.nodes[leader].addr.clone();
+    for i in 0..20 {
+        post(
+            &addr,
+            "/v1/acquire",
+            json!({"key": format!("m{i}"), "ttl_ms": 600_000}),
+        )
+        .await;
+    }
+    let new = c.start_new_node(4);
+    let new_addr = c.nodes[new].addr.clone();
+    let (s, r) = post(
+        &addr,
+        "/v1/cluster/members",
+        json!({"id": 4, "addr": new_addr}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let members = r["members"].as_array().unwrap();
+    assert_eq!(
+        members.iter().filter(|m| m["voter"] == true).count(),
+        4,
+        "{r}"
+    );
+
+    // Remove the old leader; someone else leads.
+    let leader_id = c.nodes[leader].id;
+    let r = reqwest::Client::new()
+        .delete(format!("http://{addr}/v1/cluster/members/{leader_id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+    c.kill(leader);
+    let now = c.wait_leader();
+    let (_, locks) = get(&c.nodes[now].addr, "/v1/locks").await;
+    assert_eq!(locks["locks"].as_array().unwrap().len(), 20);
+
+    // Of the three voters left, kill one: removing another would leave two
+    // voters of which one answers.
+    let others: Vec<usize> = (0..c.nodes.len())
+        .filter(|&i| i != leader && i != now)
+        .collect();
+    c.kill(others[0]);
+    let victim = c.nodes[others[1]].id;
+    let r = reqwest::Client::new()
+        .delete(format!(
+            "http://{}/v1/cluster/members/{victim}",
+            c.nodes[now].addr
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("quorum"),
+        "{body}"
+    );
+}

@@ -1,0 +1,174 @@
+//! A cluster of real `leaseholdd` processes on one machine: free ports, a
+//! data dir each, killed when dropped.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::{free_port, http_get, wait_until, workspace_bin, Process};
+
+/// One node of a [`Cluster`].
+pub struct ClusterNode {
+    /// Its id.
+    pub id: u64,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The process; `None` while stopped.
+    pub process: Option<Process>,
+    args: Vec<String>,
+    data: PathBuf,
+    log: PathBuf,
+}
+
+impl ClusterNode {
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// What `/health` says, if it answers.
+    pub fn health(&self) -> Option<String> {
+        self.process.as_ref()?;
+        http_get(&self.addr, "/health")
+    }
+
+    /// Whether it leads and serves.
+    pub fn leads(&self) -> bool {
+        self.health().is_some_and(|h| h.contains("\"leader\":true"))
+    }
+
+    /// What it logged so far, over all its runs.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn start(&mut self) {
+        self.process = Some(Process::spawn(
+            &workspace_bin("leaseholdd"),
+            &self.args,
+            &self.log,
+        ));
+    }
+}
+
+/// Nodes 1..=n forming one group.
+pub struct Cluster {
+    /// The nodes, node `i + 1` at index `i`.
+    pub nodes: Vec<ClusterNode>,
+    peers: Vec<(u64, String)>,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts `n` nodes and waits until one leads.
+    pub fn start(n: usize) -> Cluster {
+        Self::start_with(n, &[])
+    }
+
+    /// Starts `n` nodes with extra flags each and waits until one leads.
+    pub fn start_with(n: usize, extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let peers: Vec<(u64, String)> = (1..=n as u64)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
+            peers: peers.clone(),
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        for (id, addr) in peers {
+            let node = cluster.node(id, addr, &cluster.peers_arg());
+            cluster.nodes.push(node);
+        }
+        for node in &mut cluster.nodes {
+            node.start();
+        }
+        cluster.wait_leader();
+        cluster
+    }
+
+    fn node(&self, id: u64, addr: String, peers: &str) -> ClusterNode {
+        let data = self.dir.path().join(format!("node-{id}"));
+        let mut args = vec![
+            "--node-id".to_string(),
+            id.to_string(),
+            "--listen".to_string(),
+            addr.clone(),
+            "--peers".to_string(),
+            peers.to_string(),
+            "--data-dir".to_string(),
+            data.display().to_string(),
+        ];
+        args.extend(self.extra.iter().cloned());
+        ClusterNode {
+            id,
+            addr,
+            process: None,
+            args,
+            log: self.dir.path().join(format!("node-{id}.log")),
+            data,
+        }
+    }
+
+    /// `1=127.0.0.1:P1,2=...`: the initial voters.
+    pub fn peers_arg(&self) -> String {
+        self.peers
+            .iter()
+            .map(|(id, addr)| format!("{id}={addr}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `http://127.0.0.1:P1,127.0.0.1:P2,...`: every node, for a client.
+    pub fn endpoints(&self) -> String {
+        let addrs: Vec<&str> = self.nodes.iter().map(|n| n.addr.as_str()).collect();
+        format!("http://{}", addrs.join(","))
+    }
+
+    /// The index of the node that leads now, if one does.
+    pub fn leader(&self) -> Option<usize> {
+        self.nodes.iter().position(ClusterNode::leads)
+    }
+
+    /// Waits until a node leads; its index.
+    pub fn wait_leader(&self) -> usize {
+        let mut found = None;
+        wait_until(Duration::from_secs(20), "a leader", || {
+            found = self.leader();
+            found.is_some()
+        });
+        found.unwrap_or(0)
+    }
+
+    /// `kill -9` node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut p) = self.nodes[i].process.take() {
+            p.kill9();
+        }
+    }
+
+    /// Starts node `i` again on its data dir.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.nodes[i].start();
+    }
+
+    /// Kills node `i`, deletes its data dir, and starts it empty.
+    pub fn wipe(&mut self, i: usize) {
+        self.kill(i);
+        let _ = std::fs::remove_dir_all(&self.nodes[i].data);
+        self.nodes[i].start();
+    }
+
+    /// Starts node `id`, outside the initial voters, to be added with
+    /// `cluster add`; its index.
+    pub fn start_new_node(&mut self, id: u64) -> usize {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let peers = format!("{},{id}={addr}", self.peers_arg());
+        let mut node = self.node(id, addr, &peers);
+        node.start();
+        self.nodes.push(node);
+        self.nodes.len() - 1
+    }
+}

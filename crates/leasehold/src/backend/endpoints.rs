@@ -1,0 +1,281 @@
+//! Several leaseholdd endpoints (`http://a:7419,b:7419,c:7419`), and finding
+//! the leader among them.
+//!
+//! Calls go to the current endpoint. A `not_leader` answer names the leader
+//! when the node knows it: the call is sent there at once (it was not
+//! proposed, so this is safe for any call). A node that cannot be connected
+//! to, or a `not_leader` with no leader known yet (an election is running),
+//! moves to the next endpoint in the list. A call cut off after it was sent
+//! is not re-sent here: it may have acted, and only its caller knows whether
+//! a retry is safe (acquire, grant and release carry request ids and are
+//! retried with them); the next call goes to the next endpoint.
+//!
+//! While a new leader is being elected every node may say `not_leader`, or
+//! name the old leader that is gone: a call keeps looking, with a growing
+//! pause, for up to [`FAILOVER_WAIT`], which covers an election (150–300 ms
+//! by default) with room.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_proto::frame::Op;
+use leasehold_proto::v1 as pb;
+use pb::leasehold_client::LeaseholdClient;
+use prost::Message;
+use tonic::transport::Channel;
+
+use super::frames::{CallError, Frames};
+use crate::{Error, Result};
+
+/// How long a call looks for a leader before it gives up as unavailable.
+pub(super) const FAILOVER_WAIT: Duration = Duration::from_secs(5);
+
+/// The pause before the `hop`-th attempt to find the leader: none for the
+/// first (a leader was named), then 10 ms more each time, at most 100 ms, so
+/// a new leader is found within ~100 ms of its election.
+fn pause(hop: usize) -> Duration {
+    Duration::from_millis((10 * hop.saturating_sub(1) as u64).min(100))
+}
+
+/// One endpoint's connections.
+pub(super) struct Route {
+    /// `host:port`.
+    pub addr: String,
+    /// The framed connection, for everything that never waits.
+    pub frames: Frames,
+    /// gRPC, for waits, status and watch.
+    pub rpc: LeaseholdClient<Channel>,
+}
+
+/// The endpoints of one deployment and the one in use.
+pub(super) struct Endpoints {
+    /// As given, in order.
+    addrs: Vec<String>,
+    current: Mutex<Arc<Route>>,
+    /// Routes made so far, by address, reused when the leader moves back.
+    routes: tokio::sync::Mutex<HashMap<String, Arc<Route>>>,
+}
+
+/// How to go on after a call failed at `route`.
+enum Next {
+    /// To the leader it named.
+    Leader(String),
+    /// To the next endpoint.
+    Rotate,
+}
+
+fn not_leader_hint(code: &str, leader: Option<String>) -> Option<Next> {
+    (code == "not_leader").then_some(match leader {
+        Some(l) if !l.is_empty() => Next::Leader(l),
+        _ => Next::Rotate,
+    })
+}
+
+/// `host:port` of each endpoint of `url` (`http://a:1,b:2` or `http://a:1,http://b:2`).
+fn parse(url: &str) -> Result<Vec<String>> {
+    let invalid = |why: &str| Error::InvalidArgument(format!("endpoint {url:?}: {why}"));
+    let mut addrs = Vec::new();
+    for part in url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let rest = part
+            .strip_prefix("http://")
+            .or_else(|| part.strip_prefix("leasehold://"))
+            .unwrap_or(part);
+        if rest.starts_with("https://") || part.starts_with("https://") {
+            return Err(invalid("https is not supported yet; use http://"));
+        }
+        let host_port = rest.trim_end_matches('/');
+        let uri: tonic::codegen::http::Uri = format!("http://{host_port}")
+            .parse()
+            .map_err(|e| invalid(&format!("{host_port:?}: {e}")))?;
+        let host = uri.host().ok_or_else(|| invalid("no host"))?;
+        addrs.push(format!("{host}:{}", uri.port_u16().unwrap_or(80)));
+    }
+    if addrs.is_empty() {
+        return Err(invalid("no address"));
+    }
+    Ok(addrs)
+}
+
+impl Endpoints {
+    /// Connects to the first endpoint of `url` that answers.
+    pub async fn connect(url: &str) -> Result<Endpoints> {
+        let addrs = parse(url)?;
+        let routes = tokio::sync::Mutex::new(HashMap::new());
+        let mut errors = Vec::new();
+        for addr in &addrs {
+            match Self::route_to(&routes, addr).await {
+                Ok(route) => {
+                    return Ok(Endpoints {
+                        addrs,
+                        current: Mutex::new(route),
+                        routes,
+                    })
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(Error::Unavailable(errors.join("; ")))
+    }
+
+    async fn route_to(
+        routes: &tokio::sync::Mutex<HashMap<String, Arc<Route>>>,
+        addr: &str,
+    ) -> std::result::Result<Arc<Route>, String> {
+        let mut routes = routes.lock().await;
+        if let Some(r) = routes.get(addr) {
+            return Ok(r.clone());
+        }
+        // Connects now, so a node that is down fails here, with its reason.
+        let frames = Frames::connect(addr.to_string()).await?;
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| format!("endpoint {addr:?}: {e}"))?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let route = Arc::new(Route {
+            addr: addr.to_string(),
+            frames,
+            rpc: LeaseholdClient::new(channel),
+        });
+        routes.insert(addr.to_string(), route.clone());
+        Ok(route)
+    }
+
+    /// The endpoint in use.
+    pub fn route(&self) -> Arc<Route> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// After a failure at `from`: moves on (unless another call already did).
+    async fn move_on(&self, from: &Route, next: Next, hop: usize) {
+        tokio::time::sleep(pause(hop)).await;
+        if self.route().addr != from.addr {
+            return;
+        }
+        let mut targets: Vec<String> = Vec::new();
+        if let Next::Leader(addr) = next {
+            targets.push(addr);
+        }
+        let at = self.addrs.iter().position(|a| *a == from.addr).unwrap_or(0);
+        for i in 1..=self.addrs.len() {
+            targets.push(self.addrs[(at + i) % self.addrs.len()].clone());
+        }
+        for addr in targets {
+            if let Ok(route) = Self::route_to(&self.routes, &addr).await {
+                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = route;
+                return;
+            }
+        }
+    }
+
+    /// After a call cut off at `from`: the next call goes elsewhere.
+    pub async fn failed(&self, from: &Route) {
+        self.move_on(from, Next::Rotate, 0).await;
+    }
+
+    /// A framed call, sent to the leader.
+    pub async fn call<R: Message + Default>(
+        &self,
+        op: Op,
+        request: &impl Message,
+    ) -> std::result::Result<R, CallError> {
+        let mut hop = 0;
+        let give_up = tokio::time::Instant::now() + FAILOVER_WAIT;
+        loop {
+            let route = self.route();
+            let result = route.frames.call::<R>(op, request).await;
+            match self.next_after(&result) {
+                Some(next) if tokio::time::Instant::now() < give_up => {
+                    hop += 1;
+                    self.move_on(&route, next, hop).await;
+                }
+                _ => {
+                    if let Err(CallError::Transport(_)) = &result {
+                        self.failed(&route).await;
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+
+    /// A framed try-acquire, sent to the leader; a grant that finds no
+    /// caller is released, and `guard` kept until it is.
+    pub async fn acquire<G: std::any::Any + Send + Clone>(
+        &self,
+        request: &pb::AcquireRequest,
+        guard: G,
+    ) -> std::result::Result<pb::AcquireResponse, CallError> {
+        let mut hop = 0;
+        let give_up = tokio::time::Instant::now() + FAILOVER_WAIT;
+        loop {
+            let route = self.route();
+            let result = route.frames.acquire(request, guard.clone()).await;
+            match self.next_after(&result) {
+                Some(next) if tokio::time::Instant::now() < give_up => {
+                    hop += 1;
+                    self.move_on(&route, next, hop).await;
+                }
+                _ => {
+                    if let Err(CallError::Transport(_)) = &result {
+                        self.failed(&route).await;
+                    }
+                    return result;
+                }
+            }
+        }
+    }
+
+    fn next_after<R>(&self, result: &std::result::Result<R, CallError>) -> Option<Next> {
+        match result {
+            Err(CallError::Server(reply)) => {
+                not_leader_hint(&reply.code, reply.details.get("leader").cloned())
+            }
+            Err(CallError::Unsent(_)) => Some(Next::Rotate),
+            _ => None,
+        }
+    }
+
+    /// A gRPC call, sent to the leader.
+    pub async fn grpc<T, F, Fut>(&self, call: F) -> std::result::Result<T, tonic::Status>
+    where
+        F: Fn(LeaseholdClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut hop = 0;
+        let give_up = tokio::time::Instant::now() + FAILOVER_WAIT;
+        loop {
+            let route = self.route();
+            let status = match call(route.rpc.clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(status) => status,
+            };
+            let code = status
+                .metadata()
+                .get("leasehold-code")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let leader = status
+                .metadata()
+                .get("leasehold-leader")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            match not_leader_hint(code, leader) {
+                Some(next) if tokio::time::Instant::now() < give_up => {
+                    hop += 1;
+                    self.move_on(&route, next, hop).await;
+                }
+                _ => {
+                    if code.is_empty() && status.code() == tonic::Code::Unavailable {
+                        self.failed(&route).await;
+                    }
+                    return Err(status);
+                }
+            }
+        }
+    }
+}
