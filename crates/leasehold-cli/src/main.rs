@@ -19,7 +19,8 @@ pub const EXIT_LOST: i32 = 76;
 #[derive(Parser, Debug)]
 #[command(name = "leasehold", version)]
 struct Cli {
-    /// The lock store: http://HOST:PORT (leaseholdd), redis://, redlock://H1,H2,H3,
+    /// The lock store: http://HOST:PORT (leaseholdd; a cluster's nodes as
+    /// http://HOST:PORT,HOST:PORT,...), redis://, redlock://H1,H2,H3,
     /// postgres://, etcd://HOST:PORT or memory://.
     #[arg(long, global = true, visible_alias = "backend", env = "LEASEHOLD_ENDPOINT", default_value = leasehold::DEFAULT_ENDPOINT)]
     endpoint: String,
@@ -149,6 +150,11 @@ enum Command {
         #[arg(long, env = "LEASEHOLD_STATE")]
         state: Option<std::path::PathBuf>,
     },
+    /// A leaseholdd cluster's members: status, add, remove.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
     /// Print lock events as they happen.
     Watch {
         /// Only keys with this prefix.
@@ -157,6 +163,29 @@ enum Command {
         /// Print JSON lines.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterAction {
+    /// Members, leader, term, each member's replicated index and lag.
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add node ID at ADDR: it joins as a learner, catches up, then votes.
+    /// Start it first with --node-id ID and --peers naming the members and itself.
+    Add {
+        /// The new node's id.
+        id: u64,
+        /// Its HOST:PORT.
+        addr: String,
+    },
+    /// Remove node ID (refused if the voters left could not form a quorum).
+    Remove {
+        /// The node's id.
+        id: u64,
     },
 }
 

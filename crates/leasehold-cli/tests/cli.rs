@@ -498,3 +498,49 @@ fn check_outside_run_says_there_is_no_lease() {
     assert_eq!(out.status.code(), Some(76));
     assert!(String::from_utf8_lossy(&out.stderr).contains("LEASEHOLD_STATE"));
 }
+
+/// `leasehold cluster` against a real 3-node cluster, given one follower's
+/// address: it finds the leader, shows every member with its lag, adds a
+/// fourth, and refuses to remove a node that is not a member.
+#[test]
+fn cluster_status_add_and_remove() {
+    let mut c = leasehold_testkit::Cluster::start(3);
+    let leader = c.wait_leader();
+    let follower = (leader + 1) % 3;
+    let endpoint = c.nodes[follower].url();
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .env("LEASEHOLD_ENDPOINT", &endpoint)
+            .args(args)
+            .output()
+            .expect("run leasehold")
+    };
+    let out = cli(&["cluster", "status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["role"], "leader", "the leader's view: {status}");
+    let members = status["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3);
+    assert!(members.iter().all(|m| m["lag"].is_u64()), "{status}");
+
+    let new = c.start_new_node(4);
+    let addr = c.nodes[new].addr.clone();
+    let out = cli(&["cluster", "add", "4", &addr]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = cli(&["cluster", "status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains(" voter ") || l.contains(" leader "))
+            .count(),
+        4,
+        "{text}"
+    );
+
+    let out = cli(&["cluster", "remove", "9"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a member"),
+        "{out:?}"
+    );
+}

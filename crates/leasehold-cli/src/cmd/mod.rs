@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod check;
+mod cluster;
 mod demo;
 mod hold;
 mod run;
@@ -10,7 +11,7 @@ mod status;
 use anyhow::Context;
 use leasehold::Client;
 
-use crate::{Cli, Command, Demo};
+use crate::{Cli, ClusterAction, Command, Demo};
 
 /// Runs a subcommand; returns the process exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
@@ -108,6 +109,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             deposit,
         } => demo::worker(&client().await?, &key, &account, deposit).await,
         Command::Watch { prefix, json } => status::watch(&client().await?, &prefix, json).await,
+        Command::Cluster { action } => match action {
+            ClusterAction::Status { json } => cluster::status(&cli.endpoint, json).await,
+            ClusterAction::Add { id, addr } => cluster::add(&cli.endpoint, id, &addr).await,
+            ClusterAction::Remove { id } => cluster::remove(&cli.endpoint, id).await,
+        },
         // Reads the state file only; connects to nothing.
         Command::Check { state } => check::check(state),
     }
