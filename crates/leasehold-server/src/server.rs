@@ -58,6 +58,8 @@ pub async fn run(
                 .cloned()
                 .unwrap_or_else(|| addr.to_string()),
             members: c.members.clone(),
+            // Peers (and fault proxies in tests) tell nodes apart by it.
+            source: Some(addr.ip()).filter(|ip| !ip.is_unspecified()),
         },
     };
     let consensus = Consensus::start(

@@ -7,6 +7,12 @@ use std::time::Duration;
 use leasehold_testkit::{http_get, wait_until, Cluster};
 use serde_json::{json, Value};
 
+/// One cluster at a time: three to five servers are all two cores take.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 fn health(addr: &str) -> Value {
     http_get(addr, "/health")
         .and_then(|b| serde_json::from_str(&b).ok())
@@ -40,6 +46,7 @@ fn leader_addr(c: &Cluster) -> String {
 /// the leader's address as a field, and serve health with role and term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_forms_once_and_followers_name_the_leader() {
+    let _serial = serial().await;
     let c = Cluster::start(3);
     let leader = c.wait_leader();
     let leaders: Vec<_> = c.nodes.iter().filter(|n| n.leads()).collect();
@@ -79,6 +86,7 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
 /// keeps every lock and the token sequence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
+    let _serial = serial().await;
     // Snapshots often, so the wiped node needs one.
     let mut c = Cluster::start_with(3, &["--snapshot-every", "50"]);
     let leader = leader_addr(&c);
@@ -144,6 +152,7 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
 /// no quorum is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_are_added_and_removed_and_quorum_is_kept() {
+    let _serial = serial().await;
     let mut c = Cluster::start(3);
     let leader = c.wait_leader();
     let addr = c.nodes[leader].addr.clone();
@@ -208,4 +217,35 @@ async fn members_are_added_and_removed_and_quorum_is_kept() {
             .contains("quorum"),
         "{body}"
     );
+}
+
+/// Five nodes survive two kills, the leader among them: a new leader
+/// serves, and every lock is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_survive_two_kills() {
+    let _serial = serial().await;
+    let mut c = Cluster::start(5);
+    let leader = c.wait_leader();
+    let addr = c.nodes[leader].addr.clone();
+    for i in 0..10 {
+        let (s, _) = post(
+            &addr,
+            "/v1/acquire",
+            json!({"key": format!("f{i}"), "ttl_ms": 600_000}),
+        )
+        .await;
+        assert_eq!(s, 200);
+    }
+    c.kill(leader);
+    c.kill((leader + 1) % 5);
+    let now = leader_addr(&c);
+    let (_, locks) = get(&now, "/v1/locks").await;
+    assert_eq!(locks["locks"].as_array().unwrap().len(), 10);
+    let (s, r) = post(
+        &now,
+        "/v1/acquire",
+        json!({"key": "after", "ttl_ms": 5_000}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
 }

@@ -1,17 +1,29 @@
 //! A cluster of real `leaseholdd` processes on one machine: free ports, a
 //! data dir each, killed when dropped.
+//!
+//! [`Cluster::start_isolatable`] puts node N on its own loopback address,
+//! 127.0.0.(N+1), behind a [`FaultProxy`] on that address: the members know
+//! each other by the proxies' addresses, and a node connects to its peers
+//! from its own address, so a proxy can refuse one node's traffic to
+//! another, or clients' (from 127.0.0.1), and partitions are real lost
+//! connections.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{free_port, http_get, wait_until, workspace_bin, Process};
+use crate::{free_port, http_get, wait_until, workspace_bin, FaultProxy, Process};
 
 /// One node of a [`Cluster`].
 pub struct ClusterNode {
     /// Its id.
     pub id: u64,
-    /// `127.0.0.1:PORT`.
+    /// Where it listens: `127.0.0.1:PORT`, or its own 127.0.0.N when isolatable.
     pub addr: String,
+    /// The address the members know it by: `addr`, or its proxy's.
+    pub advertised: String,
+    /// The proxy in front of it, when isolatable.
+    pub proxy: Option<FaultProxy>,
     /// The process; `None` while stopped.
     pub process: Option<Process>,
     args: Vec<String>,
@@ -23,6 +35,14 @@ impl ClusterNode {
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The address it listens on and connects from.
+    pub fn ip(&self) -> IpAddr {
+        self.addr
+            .rsplit_once(':')
+            .and_then(|(ip, _)| ip.parse().ok())
+            .unwrap_or(IpAddr::from([127, 0, 0, 1]))
     }
 
     /// What `/health` says, if it answers.
@@ -67,9 +87,40 @@ impl Cluster {
 
     /// Starts `n` nodes with extra flags each and waits until one leads.
     pub fn start_with(n: usize, extra: &[&str]) -> Cluster {
+        Self::launch(n, extra, false)
+    }
+
+    /// Starts `n` nodes, each on its own 127.0.0.N behind a proxy (see the
+    /// module doc), and waits until one leads.
+    pub fn start_isolatable(n: usize) -> Cluster {
+        Self::launch(n, &[], true)
+    }
+
+    fn launch(n: usize, extra: &[&str], isolatable: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let peers: Vec<(u64, String)> = (1..=n as u64)
-            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+        let ip = |id: u64| {
+            if isolatable {
+                format!("127.0.0.{}", id + 1)
+            } else {
+                "127.0.0.1".to_string()
+            }
+        };
+        let listen: Vec<(u64, String)> = (1..=n as u64)
+            .map(|id| (id, format!("{}:{}", ip(id), free_port())))
+            .collect();
+        let proxies: Vec<Option<FaultProxy>> = listen
+            .iter()
+            .map(|(id, addr)| {
+                isolatable
+                    .then(|| FaultProxy::start_on(&format!("{}:{}", ip(*id), free_port()), addr))
+            })
+            .collect();
+        let peers: Vec<(u64, String)> = listen
+            .iter()
+            .zip(&proxies)
+            .map(|((id, addr), proxy)| {
+                (*id, proxy.as_ref().map_or(addr.clone(), |p| p.addr.clone()))
+            })
             .collect();
         let mut cluster = Cluster {
             nodes: Vec::new(),
@@ -77,8 +128,10 @@ impl Cluster {
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
-        for (id, addr) in peers {
-            let node = cluster.node(id, addr, &cluster.peers_arg());
+        for (((id, addr), proxy), (_, advertised)) in listen.into_iter().zip(proxies).zip(peers) {
+            let mut node = cluster.node(id, addr, &cluster.peers_arg());
+            node.advertised = advertised;
+            node.proxy = proxy;
             cluster.nodes.push(node);
         }
         for node in &mut cluster.nodes {
@@ -103,7 +156,9 @@ impl Cluster {
         args.extend(self.extra.iter().cloned());
         ClusterNode {
             id,
+            advertised: addr.clone(),
             addr,
+            proxy: None,
             process: None,
             args,
             log: self.dir.path().join(format!("node-{id}.log")),

@@ -1,13 +1,16 @@
 //! A TCP proxy that injects faults between a client and a server: a reply
-//! lost on its way back, or a link that is cut and later healed.
+//! lost on its way back, a link that is cut and later healed, or the
+//! connections from one source address refused (with a node per
+//! 127.0.0.N, that is one node cut off from another).
 //!
 //! Each accepted connection gets its own connection to the target and two
 //! threads pumping bytes, one each way. Faults act on real sockets, so the
 //! client under test sees exactly what a real network fault shows it: a
 //! connection reset with a request sent and no answer.
 
+use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,8 +23,11 @@ struct Faults {
     cut: AtomicBool,
     /// Set when the proxy is dropped.
     stopped: AtomicBool,
-    /// Every socket the proxy holds, to close them on a cut.
-    sockets: Mutex<Vec<TcpStream>>,
+    /// Every socket the proxy holds, by the client's source address, to
+    /// close them on a cut.
+    sockets: Mutex<Vec<(IpAddr, TcpStream)>>,
+    /// Source addresses whose connections are refused.
+    blocked: Mutex<HashSet<IpAddr>>,
     /// Replies swallowed so far.
     dropped: AtomicUsize,
 }
@@ -36,7 +42,12 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts forwarding connections to `target` (`host:port`).
     pub fn start(target: &str) -> FaultProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        Self::start_on("127.0.0.1:0", target)
+    }
+
+    /// Listens on `listen` (`ip:port`, port 0 for any) and forwards to `target`.
+    pub fn start_on(listen: &str, target: &str) -> FaultProxy {
+        let listener = TcpListener::bind(listen).expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address").to_string();
         let faults = Arc::new(Faults::default());
         let (f, target) = (faults.clone(), target.to_string());
@@ -46,7 +57,14 @@ impl FaultProxy {
                     return;
                 }
                 let Ok(client) = client else { continue };
-                if f.cut.load(Ordering::SeqCst) {
+                let source = client.peer_addr().map(|a| a.ip()).ok();
+                let blocked = source.is_some_and(|ip| {
+                    f.blocked
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .contains(&ip)
+                });
+                if f.cut.load(Ordering::SeqCst) || blocked {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
                 }
@@ -55,7 +73,8 @@ impl FaultProxy {
                 };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                link(&f, client, server);
+                let source = source.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+                link(&f, source, client, server);
             }
         });
         FaultProxy { addr, faults }
@@ -83,9 +102,36 @@ impl FaultProxy {
         close_all(&self.faults);
     }
 
-    /// Lets connections through again.
+    /// Lets connections through again, from every source.
     pub fn heal(&self) {
         self.faults.cut.store(false, Ordering::SeqCst);
+        self.faults
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Closes the connections from `source` and refuses new ones from it.
+    pub fn block_from(&self, source: IpAddr) {
+        self.faults
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(source);
+        let mut sockets = self
+            .faults
+            .sockets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        sockets.retain(|(ip, s)| {
+            if *ip == source {
+                let _ = s.shutdown(Shutdown::Both);
+                false
+            } else {
+                true
+            }
+        });
     }
 }
 
@@ -100,12 +146,12 @@ impl Drop for FaultProxy {
 
 fn close_all(faults: &Faults) {
     let sockets = std::mem::take(&mut *faults.sockets.lock().unwrap_or_else(|e| e.into_inner()));
-    for s in sockets {
+    for (_, s) in sockets {
         let _ = s.shutdown(Shutdown::Both);
     }
 }
 
-fn link(faults: &Arc<Faults>, client: TcpStream, server: TcpStream) {
+fn link(faults: &Arc<Faults>, source: IpAddr, client: TcpStream, server: TcpStream) {
     let clones = [client.try_clone(), server.try_clone()];
     let [Ok(client2), Ok(server2)] = clones else {
         return;
@@ -114,7 +160,7 @@ fn link(faults: &Arc<Faults>, client: TcpStream, server: TcpStream) {
         let mut sockets = faults.sockets.lock().unwrap_or_else(|e| e.into_inner());
         for s in [&client, &server] {
             if let Ok(s) = s.try_clone() {
-                sockets.push(s);
+                sockets.push((source, s));
             }
         }
     }

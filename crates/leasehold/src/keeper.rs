@@ -167,8 +167,9 @@ impl Keeper {
                     }
                     Ok(Err(RenewError::Transient(why))) => {
                         tracing::debug!(%why, "renewal failed; retrying until the deadline");
+                        // Soon again: a failover leaves ~TTL/2 of budget.
                         next = Instant::now()
-                            + (ttl / 10)
+                            + (ttl / 20)
                                 .clamp(Duration::from_millis(10), Duration::from_millis(500));
                     }
                     Err(_) => {

@@ -11,6 +11,13 @@ use leasehold::{Client, Error, LockOptions};
 use leasehold_fence::MemoryGate;
 use leasehold_testkit::Cluster;
 
+/// One cluster at a time: three servers, and in one test twenty clients,
+/// are all two cores take.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
 fn opts(ttl_ms: u64) -> LockOptions {
     LockOptions::default().ttl(Duration::from_millis(ttl_ms))
 }
@@ -19,6 +26,7 @@ fn opts(ttl_ms: u64) -> LockOptions {
 /// operation works: acquire, checkpoint, release, a wait, watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_works_through_any_single_endpoint() {
+    let _serial = serial().await;
     let c = Cluster::start(3);
     for (i, node) in c.nodes.iter().enumerate() {
         let key = format!("job-{i}");
@@ -76,6 +84,7 @@ struct Hold {
 /// kept their locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_kill_under_load_loses_no_lock() {
+    let _serial = serial().await;
     let mut c = Cluster::start(3);
     let endpoints = c.endpoints();
     let gate = Arc::new(MemoryGate::new());
@@ -212,4 +221,74 @@ async fn a_leader_kill_under_load_loses_no_lock() {
             "{status:?}"
         );
     }
+}
+
+/// The leader is cut off from both followers (a proxy in front of each node
+/// refuses the others' connections). It can commit nothing, so it grants,
+/// renews and expires nothing: a holder that can reach only the old leader
+/// loses its lease by its own deadline, before the majority's new leader
+/// grants that key to anyone else; a holder that can reach the majority
+/// keeps its lock through the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_loses_its_holders_before_the_majority_grants_again() {
+    let _serial = serial().await;
+    let c = Cluster::start_isolatable(3);
+    let l = c.wait_leader();
+    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    // `a` knows only the leader (by its own address, so the cut leaves it on
+    // the leader's side: a leader without a quorum names no other); the
+    // others know every node.
+    let a = Client::connect(&c.nodes[l].url()).await.unwrap();
+    let majority = format!(
+        "http://{},{},{}",
+        c.nodes[others[0]].addr, c.nodes[others[1]].addr, c.nodes[l].addr
+    );
+    let b = Client::connect(&majority).await.unwrap();
+    let kept = Client::connect(&majority).await.unwrap();
+    let la = a.try_acquire("a-key", opts(2_000)).await.unwrap();
+    let lk = kept.try_acquire("kept-key", opts(2_000)).await.unwrap();
+
+    // Cut the leader off from the followers, both ways.
+    for &o in &others {
+        c.nodes[l]
+            .proxy
+            .as_ref()
+            .unwrap()
+            .block_from(c.nodes[o].ip());
+        c.nodes[o]
+            .proxy
+            .as_ref()
+            .unwrap()
+            .block_from(c.nodes[l].ip());
+    }
+    let isolated_at = Instant::now();
+    let lost = la.lost_token();
+    let lost_at = tokio::spawn(async move {
+        lost.cancelled().await;
+        Instant::now()
+    });
+
+    let lb = b
+        .acquire("a-key", opts(2_000).wait(Duration::from_secs(15)))
+        .await
+        .expect("the majority grants the key once its holder's lease is over");
+    let granted_at = Instant::now();
+    let lost_at = tokio::time::timeout(Duration::from_secs(1), lost_at)
+        .await
+        .expect("a's loss was noticed")
+        .unwrap();
+    assert!(
+        lost_at < granted_at,
+        "a lost its lease at {:?}, but b was granted the key at {:?} (after the cut)",
+        lost_at - isolated_at,
+        granted_at - isolated_at
+    );
+    assert!(lb.fence() > la.fence());
+    assert!(la.token().is_err());
+
+    // The holder that reaches the majority kept its lock, past several TTLs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(lk.is_live(), "{}", lk.lost_reason());
+    let status = kept.status("kept-key").await.unwrap();
+    assert_eq!(status[0].fence, lk.fence(), "{status:?}");
 }

@@ -78,20 +78,37 @@ impl Consensus {
     /// applied table time) once this node leads with an up-to-date state
     /// machine, clear it the moment it stops leading, so that a deposed leader
     /// stamps and proposes nothing more.
-    pub(super) async fn follow_leadership(self, me: NodeId) {
+    ///
+    /// A leader that has heard from no quorum for `lease` (past its followers'
+    /// lease on it, after which they may elect another) also stops serving: it
+    /// may be cut off from the majority, and a request it takes would only hang.
+    /// Clients are told `not_leader` and look elsewhere. If acks come back in
+    /// the same term it serves again under the same epoch, so nothing is
+    /// restamped.
+    pub(super) async fn follow_leadership(self, me: NodeId, lease: Duration) {
         let mut metrics = self.raft.metrics();
         let mut last_state = None;
         let mut last_leader = None;
+        let mut quorum_acked = None::<Duration>;
+        let mut serving = None::<(u64, u64)>; // (term, epoch) last armed
+        let mut check = tokio::time::interval(lease / 4);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let (leading, term, state, leader) = {
+            let (state, term, leader, since_ack, alone) = {
                 let m = metrics.borrow_and_update();
+                let voters = m.membership_config.membership().voter_ids().count();
                 (
-                    m.state == ServerState::Leader && m.current_leader == Some(me),
-                    m.current_term,
                     m.state,
+                    m.current_term,
                     m.current_leader,
+                    m.millis_since_quorum_ack,
+                    voters <= 1,
                 )
             };
+            let now = self.clock.elapsed();
+            if let Some(ms) = since_ack {
+                quorum_acked = Some(now.saturating_sub(Duration::from_millis(ms)));
+            }
             if leader != last_leader {
                 if leader.is_some() {
                     self.hub().metrics.leader_changed();
@@ -104,15 +121,25 @@ impl Consensus {
                         term,
                         ?leader,
                         ?state,
-                        "stepped down: another node leads or this one lost its quorum"
+                        "stepped down: another node leads, or a higher term was seen"
                     );
                 }
                 last_state = Some(state);
             }
-            let current = self.leader_clock().map(|c| c.term);
-            if !leading {
+            let leads = state == ServerState::Leader && leader == Some(me);
+            // No ack seen yet is no sign of isolation: it just won a vote.
+            let fresh = alone || quorum_acked.is_none_or(|at| now.saturating_sub(at) < lease);
+            let armed = self.leader_clock().map(|c| c.term);
+            if !leads || !fresh {
+                if leads && armed.is_some() {
+                    tracing::warn!(
+                        term,
+                        ?lease,
+                        "no quorum has answered for a lease: not serving until one does"
+                    );
+                }
                 self.set_leader_clock(None);
-            } else if current != Some(term) {
+            } else if armed != Some(term) {
                 // Wait until everything committed before this term is applied,
                 // so the clock starts from the latest table time.
                 match self.raft.ensure_linearizable().await {
@@ -121,22 +148,28 @@ impl Consensus {
                             let applied = self.shared.lock();
                             (applied.table.now(), applied.table.epoch())
                         };
-                        let epoch = leadership_epoch(term, applied_epoch);
+                        // Back after a lapse in the same term: the same epoch.
+                        let epoch = match serving {
+                            Some((t, e)) if t == term => e,
+                            _ => leadership_epoch(term, applied_epoch),
+                        };
                         tracing::info!(
                             term,
                             epoch,
                             table_time = base,
                             "leading; expiry driver armed"
                         );
+                        serving = Some((term, epoch));
+                        quorum_acked = Some(self.clock.elapsed());
                         self.set_leader_clock(Some(LeaderClock {
                             term,
                             epoch,
                             base,
                             started: self.clock.elapsed(),
                         }));
-                        // The first command of the new epoch restamps every lease.
+                        // The first command of a new epoch restamps every lease.
                         if let Err(e) = self.propose(Command::Tick).await {
-                            tracing::debug!(error = %e, "first tick of a new leadership");
+                            tracing::debug!(error = %e, "first tick of a leadership");
                         }
                     }
                     Err(e) => {
@@ -146,8 +179,9 @@ impl Consensus {
                     }
                 }
             }
-            if metrics.changed().await.is_err() {
-                return;
+            tokio::select! {
+                changed = metrics.changed() => if changed.is_err() { return },
+                _ = check.tick() => {}
             }
         }
     }

@@ -109,8 +109,13 @@ impl Consensus {
                 .get_node(&id)
                 .map(|n| n.addr.clone())
         });
-        match (m.state, m.current_leader) {
-            (ServerState::Leader, _) => ConsensusError::Starting,
+        match m.state {
+            // Elected, and its clock not yet armed: a moment.
+            ServerState::Leader if m.millis_since_quorum_ack.is_none_or(|ms| ms < 50) => {
+                ConsensusError::Starting
+            }
+            // Leads in name only (no quorum answers): look for another.
+            ServerState::Leader => ConsensusError::NotLeader { leader: None },
             _ => ConsensusError::NotLeader { leader },
         }
     }

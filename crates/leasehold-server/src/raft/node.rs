@@ -66,6 +66,8 @@ pub struct NodeSpec {
     /// The initial voters by id, this node among them. One member: a
     /// single-node group.
     pub members: BTreeMap<NodeId, String>,
+    /// The local address to connect to peers from (`None`: any).
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl NodeSpec {
@@ -75,6 +77,7 @@ impl NodeSpec {
             id: 1,
             addr: addr.to_string(),
             members: BTreeMap::from([(1, addr.to_string())]),
+            source: None,
         }
     }
 }
@@ -115,7 +118,10 @@ impl Consensus {
             LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
         let sm = StateMachine::open(dir, hub, options.snapshot_every, log.applied_index())
             .with_context(|| format!("open snapshot in {}", dir.display()))?;
-        Consensus::start_with(spec, options, log, sm, PeerNetwork, system_clock()).await
+        let network = PeerNetwork {
+            source: spec.source,
+        };
+        Consensus::start_with(spec, options, log, sm, network, system_clock()).await
     }
 
     /// Starts a node from its parts.
@@ -151,7 +157,13 @@ impl Consensus {
             id: spec.id,
         };
         consensus.form_group(&spec).await?;
-        tokio::spawn(consensus.clone().follow_leadership(spec.id));
+        tokio::spawn(
+            consensus
+                .clone()
+                // Twice the followers' lease on it: stale metrics on a busy
+                // machine must not make a healthy leader flap.
+                .follow_leadership(spec.id, options.election_timeout.1 * 2),
+        );
         tokio::spawn(consensus.clone().batch_proposals(queue));
         tokio::spawn(consensus.clone().snapshot_when_due());
         Ok(consensus)

@@ -7,8 +7,11 @@
 //! million held locks crosses as a few dozen calls. A call is cut off at the
 //! soft deadline openraft gives it; a peer that cannot be connected to is
 //! reported unreachable, and openraft backs off from it (100 ms, doubling to
-//! 1.6 s).
+//! 1.6 s). A node that listens on a specific address makes its connections to
+//! peers from that address too, so a peer (or a fault-injecting proxy in
+//! front of it) can tell the nodes apart by their source address.
 
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
@@ -127,14 +130,33 @@ impl RaftPeer for PeerService {
     }
 }
 
-fn channel(addr: &str) -> Option<Channel> {
-    Channel::from_shared(format!("http://{addr}"))
-        .ok()
-        .map(|e| {
-            e.connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true)
-                .connect_lazy()
-        })
+fn channel(addr: &str, source: Option<IpAddr>) -> Option<Channel> {
+    let endpoint = Channel::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    let Some(source) = source else {
+        return Some(endpoint.connect_lazy());
+    };
+    let connect = tower::service_fn(move |uri: tonic::codegen::http::Uri| async move {
+        let host = uri.host().unwrap_or_default().to_string();
+        let port = uri.port_u16().unwrap_or(80);
+        let target = tokio::net::lookup_host((host.as_str(), port))
+            .await?
+            .find(|a| a.is_ipv4() == source.is_ipv4())
+            .ok_or_else(|| std::io::Error::other(format!("no address for {host}")))?;
+        let socket = match source {
+            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        socket.set_nodelay(true)?;
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
+            .await
+            .map_err(|_| std::io::Error::other("connect timed out"))??;
+        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+    });
+    Some(endpoint.connect_with_connector_lazy(connect))
 }
 
 fn client(channel: Channel) -> RaftPeerClient<Channel> {
@@ -145,7 +167,7 @@ fn client(channel: Channel) -> RaftPeerClient<Channel> {
 
 /// Asks the node at `addr` about itself; `None` if it does not answer soon.
 pub(super) async fn probe(addr: &str) -> Option<ProbeReply> {
-    let mut c = client(channel(addr)?);
+    let mut c = client(channel(addr, None)?);
     let call = c.probe(PeerMessage::default());
     let reply = tokio::time::timeout(Duration::from_secs(1), call)
         .await
@@ -156,7 +178,10 @@ pub(super) async fn probe(addr: &str) -> Option<ProbeReply> {
 
 /// The client end: one per peer, made by openraft as it needs them.
 #[derive(Clone, Default)]
-pub struct PeerNetwork;
+pub struct PeerNetwork {
+    /// The local address connections are made from (`None`: any).
+    pub source: Option<IpAddr>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerClient;
@@ -165,7 +190,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerClient {
             target,
             addr: node.addr.clone(),
-            client: channel(&node.addr).map(client),
+            client: channel(&node.addr, self.source).map(client),
         }
     }
 }

@@ -32,10 +32,10 @@ use crate::{Error, Result};
 pub(super) const FAILOVER_WAIT: Duration = Duration::from_secs(5);
 
 /// The pause before the `hop`-th attempt to find the leader: none for the
-/// first (a leader was named), then 10 ms more each time, at most 100 ms, so
-/// a new leader is found within ~100 ms of its election.
+/// first (a leader was named), then 10 ms more each time, at most 50 ms, so
+/// a new leader is found within ~50 ms of its election.
 fn pause(hop: usize) -> Duration {
-    Duration::from_millis((10 * hop.saturating_sub(1) as u64).min(100))
+    Duration::from_millis((10 * hop.saturating_sub(1) as u64).min(50))
 }
 
 /// One endpoint's connections.
@@ -65,11 +65,18 @@ enum Next {
     Rotate,
 }
 
+/// Where to go after a refusal with this code: `not_leader` names the leader
+/// (or no one, during an election); `unavailable` was not proposed either
+/// (a leader still starting, or one without a quorum).
 fn not_leader_hint(code: &str, leader: Option<String>) -> Option<Next> {
-    (code == "not_leader").then_some(match leader {
-        Some(l) if !l.is_empty() => Next::Leader(l),
-        _ => Next::Rotate,
-    })
+    match code {
+        "not_leader" => Some(match leader {
+            Some(l) if !l.is_empty() => Next::Leader(l),
+            _ => Next::Rotate,
+        }),
+        "unavailable" => Some(Next::Rotate),
+        _ => None,
+    }
 }
 
 /// `host:port` of each endpoint of `url` (`http://a:1,b:2` or `http://a:1,http://b:2`).

@@ -263,15 +263,25 @@ impl Leaseholdd {
             let endpoints = endpoints.clone();
             async move {
                 let renew = pb::KeepAliveRequest { lease_id: lease };
-                match endpoints
-                    .call::<pb::KeepAliveResponse>(Op::KeepAlive, &renew)
-                    .await
-                {
-                    Ok(_) => Ok(()),
-                    Err(e) => match e.into_error("") {
+                let route = endpoints.route();
+                // A node cut off from its majority may take the call and
+                // never answer: give up on it after a third of the TTL and
+                // try the next node, with time left before the deadline.
+                let call = endpoints.call::<pb::KeepAliveResponse>(Op::KeepAlive, &renew);
+                match tokio::time::timeout(ttl / 3, call).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => match e.into_error("") {
                         Error::Unavailable(m) => Err(RenewError::Transient(m)),
                         e => Err(RenewError::Lost(e.to_string())),
                     },
+                    Err(_) => {
+                        endpoints.failed(&route).await;
+                        Err(RenewError::Transient(format!(
+                            "no answer from {} within {:?}",
+                            route.addr,
+                            ttl / 3
+                        )))
+                    }
                 }
             }
         });
