@@ -245,8 +245,11 @@ async fn an_isolated_leader_loses_its_holders_before_the_majority_grants_again()
     );
     let b = Client::connect(&majority).await.unwrap();
     let kept = Client::connect(&majority).await.unwrap();
-    let la = a.try_acquire("a-key", opts(2_000)).await.unwrap();
-    let lk = kept.try_acquire("kept-key", opts(2_000)).await.unwrap();
+    // A partition is found out later than a kill (calls to the cut-off
+    // leader hang until it notices; a killed one refuses at once), so these
+    // holders use a 3 s TTL.
+    let la = a.try_acquire("a-key", opts(3_000)).await.unwrap();
+    let lk = kept.try_acquire("kept-key", opts(3_000)).await.unwrap();
 
     // Cut the leader off from the followers, both ways.
     for &o in &others {
@@ -269,7 +272,7 @@ async fn an_isolated_leader_loses_its_holders_before_the_majority_grants_again()
     });
 
     let lb = b
-        .acquire("a-key", opts(2_000).wait(Duration::from_secs(15)))
+        .acquire("a-key", opts(3_000).wait(Duration::from_secs(15)))
         .await
         .expect("the majority grants the key once its holder's lease is over");
     let granted_at = Instant::now();
@@ -287,7 +290,7 @@ async fn an_isolated_leader_loses_its_holders_before_the_majority_grants_again()
     assert!(la.token().is_err());
 
     // The holder that reaches the majority kept its lock, past several TTLs.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(lk.is_live(), "{}", lk.lost_reason());
     let status = kept.status("kept-key").await.unwrap();
     assert_eq!(status[0].fence, lk.fence(), "{status:?}");

@@ -91,7 +91,21 @@ impl Consensus {
             commands,
         };
         let write = tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(request));
-        let result = match write.await {
+        // A leader that stops serving (deposed, or no quorum answers) will not
+        // see this commit soon, if ever: answer now, as unknown.
+        let stepped_down = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if self.leader_clock().map(|c| c.term) != Some(clock.term) {
+                    return;
+                }
+            }
+        };
+        let outcome = tokio::select! {
+            outcome = write => outcome,
+            _ = stepped_down => Ok(Err(RaftError::Fatal(openraft::error::Fatal::Stopped))),
+        };
+        let result = match outcome {
             Err(_) => Err(ConsensusError::Unknown(format!(
                 "not committed within {COMMIT_TIMEOUT:?}"
             ))),

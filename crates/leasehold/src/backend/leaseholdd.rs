@@ -264,11 +264,11 @@ impl Leaseholdd {
             async move {
                 let renew = pb::KeepAliveRequest { lease_id: lease };
                 let route = endpoints.route();
-                // A node cut off from its majority may take the call and
-                // never answer: give up on it after a third of the TTL and
-                // try the next node, with time left before the deadline.
+                // A node cut off from its majority may take the call and not
+                // answer for a while: give up on it after a sixth of the TTL
+                // and try the next node, with time left before the deadline.
                 let call = endpoints.call::<pb::KeepAliveResponse>(Op::KeepAlive, &renew);
-                match tokio::time::timeout(ttl / 3, call).await {
+                match tokio::time::timeout(ttl / 6, call).await {
                     Ok(Ok(_)) => Ok(()),
                     Ok(Err(e)) => match e.into_error("") {
                         Error::Unavailable(m) => Err(RenewError::Transient(m)),
@@ -279,7 +279,7 @@ impl Leaseholdd {
                         Err(RenewError::Transient(format!(
                             "no answer from {} within {:?}",
                             route.addr,
-                            ttl / 3
+                            ttl / 6
                         )))
                     }
                 }
