@@ -12,6 +12,12 @@
 //! a new file size to the filesystem journal (measured here: ~0.13 ms instead
 //! of ~0.2 ms per flush). The unwritten rest of a segment reads as zeros; a
 //! zero record length marks where the records end.
+//!
+//! Each segment's span of records (its lowest and highest entry index, its
+//! lowest truncation point, its highest purge) is kept in memory, so that a
+//! read of entries no longer in memory (a lagging follower catching up, one
+//! append's worth at a time) replays only the segments that can hold them or
+//! change them, not the whole log.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -76,6 +82,11 @@ pub struct LogStore {
     writer: mpsc::Sender<Job>,
     vote_path: PathBuf,
     log_dir: PathBuf,
+    /// What each segment holds, so a read from disk replays only some.
+    spans: Spans,
+    /// Segments replayed by reads from disk (tests check it stays small).
+    #[cfg(test)]
+    segments_read: Arc<AtomicU64>,
     /// The highest index the state machine has applied (0: none yet).
     applied: Arc<AtomicU64>,
 }
@@ -83,6 +94,8 @@ pub struct LogStore {
 enum Job {
     Write {
         bytes: Vec<u8>,
+        /// What the records in `bytes` touch.
+        span: Span,
         /// The highest entry index in `bytes`, if it holds entries.
         last_index: Option<u64>,
         /// Segments wholly at or below this index may be deleted after the write.
@@ -92,6 +105,71 @@ enum Job {
     /// Answers once everything queued before it is durable.
     Sync(std::sync::mpsc::SyncSender<io::Result<()>>),
 }
+
+/// What a segment's records touch: the segment can matter to a read of
+/// entries `[start, end]` only if it overlaps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    /// Lowest and highest entry index (`first > last`: no entries).
+    first: u64,
+    last: u64,
+    /// Lowest truncation point (entries at and after it are gone).
+    truncate_from: u64,
+    /// Highest purge point (entries up to it are gone).
+    purge_upto: Option<u64>,
+}
+
+impl Default for Span {
+    fn default() -> Self {
+        Span {
+            first: u64::MAX,
+            last: 0,
+            truncate_from: u64::MAX,
+            purge_upto: None,
+        }
+    }
+}
+
+impl Span {
+    fn entry(&mut self, index: u64) {
+        self.first = self.first.min(index);
+        self.last = self.last.max(index);
+    }
+
+    fn truncate(&mut self, since: u64) {
+        self.truncate_from = self.truncate_from.min(since);
+    }
+
+    fn purge(&mut self, upto: u64) {
+        self.purge_upto = self.purge_upto.max(Some(upto));
+    }
+
+    fn record(&mut self, record: &Record) {
+        match record {
+            Record::Entry(e) => self.entry(e.log_id.index),
+            Record::Truncate(since) => self.truncate(*since),
+            Record::Purge(id) => self.purge(id.index),
+        }
+    }
+
+    fn merge(&mut self, other: Span) {
+        self.first = self.first.min(other.first);
+        self.last = self.last.max(other.last);
+        self.truncate_from = self.truncate_from.min(other.truncate_from);
+        self.purge_upto = self.purge_upto.max(other.purge_upto);
+    }
+
+    /// Whether a read of entries `start..=end` must replay this segment.
+    fn matters(&self, start: u64, end: u64) -> bool {
+        (self.first <= end && self.last >= start)
+            || self.truncate_from <= end
+            || self.purge_upto.is_some_and(|p| p >= start)
+    }
+}
+
+/// Every segment's span, by segment number; shared by the writer (which
+/// extends it) and readers.
+type Spans = Arc<Mutex<BTreeMap<u64, Span>>>;
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -187,11 +265,14 @@ impl LogStore {
         let mut state = Entries::default();
         // (segment number, highest entry index written to it, bytes of records)
         let mut segments: Vec<(u64, u64, u64)> = Vec::new();
+        let mut spans = BTreeMap::new();
         for (i, &number) in numbers.iter().enumerate() {
             let path = segment_path(&log_dir, number);
             let is_last = i + 1 == numbers.len();
             let mut highest = 0;
+            let mut span = Span::default();
             let replayed = replay_segment(&path, is_last, |record| {
+                span.record(&record);
                 if let Record::Entry(entry) = &record {
                     highest = highest.max(entry.log_id.index);
                 }
@@ -211,6 +292,7 @@ impl LogStore {
                 }
             }
             segments.push((number, highest, replayed.records_end));
+            spans.insert(number, span);
         }
 
         // Segments wholly covered by the purge point (a snapshot) are dead
@@ -219,6 +301,7 @@ impl LogStore {
             while segments.len() > 1 && segments[0].1 <= purged.index {
                 let (number, _, _) = segments.remove(0);
                 fs::remove_file(segment_path(&log_dir, number))?;
+                spans.remove(&number);
             }
         }
 
@@ -234,15 +317,18 @@ impl LogStore {
             None => {
                 let file = create_segment(&log_dir, 1)?;
                 segments.push((1, 0, 0));
+                spans.insert(1, Span::default());
                 (1, file, 0)
             }
         };
+        let spans: Spans = Arc::new(Mutex::new(spans));
         let writer = Writer {
             dir: log_dir.clone(),
             file,
             number,
             size,
             segments: segments.into_iter().map(|(n, h, _)| (n, h)).collect(),
+            spans: spans.clone(),
         };
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
@@ -254,6 +340,9 @@ impl LogStore {
             writer: tx,
             vote_path: dir.join("vote"),
             log_dir,
+            spans,
+            #[cfg(test)]
+            segments_read: Arc::new(AtomicU64::new(0)),
             applied: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -271,14 +360,37 @@ impl LogStore {
     }
 
     /// Reads the entries of `range` from the segment files, for the rare
-    /// reader that wants applied entries no longer in memory.
+    /// reader that wants applied entries no longer in memory. Replays only
+    /// the segments whose span can hold or change those entries.
     fn read_from_disk(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry<TypeConfig>>> {
-        let numbers = segment_numbers(&self.log_dir)?;
+        use std::ops::Bound;
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&0) => return Ok(Vec::new()),
+            Bound::Excluded(&i) => i - 1,
+            Bound::Unbounded => u64::MAX,
+        };
+        let numbers: Vec<u64> = {
+            let spans = self.spans.lock().unwrap_or_else(|e| e.into_inner());
+            spans
+                .iter()
+                .filter(|(_, span)| span.matters(start, end))
+                .map(|(&n, _)| n)
+                .collect()
+        };
+        let last = segment_numbers(&self.log_dir)?.last().copied();
         let mut found = BTreeMap::new();
-        for (i, &number) in numbers.iter().enumerate() {
+        for number in numbers {
+            #[cfg(test)]
+            self.segments_read.fetch_add(1, Ordering::Relaxed);
             let replayed = replay_segment(
                 &segment_path(&self.log_dir, number),
-                i + 1 == numbers.len(),
+                Some(number) == last,
                 |record| {
                     replay_into(&mut found, record, |index| range.contains(&index));
                 },
@@ -291,6 +403,12 @@ impl LogStore {
             }
         }
         Ok(found.into_values().collect())
+    }
+
+    /// How many segments reads from disk have replayed so far.
+    #[cfg(test)]
+    pub fn segments_read(&self) -> u64 {
+        self.segments_read.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -390,6 +508,7 @@ struct Writer {
     number: u64,
     size: u64,
     segments: Vec<(u64, u64)>,
+    spans: Spans,
 }
 
 impl Writer {
@@ -427,14 +546,17 @@ impl Writer {
         let mut buf = Vec::new();
         let mut highest = None;
         let mut purge = None;
+        let mut written = Span::default();
         for job in batch.iter_mut() {
             if let Job::Write {
                 bytes,
+                span,
                 last_index,
                 purge_upto,
                 ..
             } = job
             {
+                written.merge(*span);
                 if buf.is_empty() {
                     std::mem::swap(&mut buf, bytes);
                 } else {
@@ -451,6 +573,7 @@ impl Writer {
             if let (Some(h), Some(last)) = (highest, self.segments.last_mut()) {
                 last.1 = last.1.max(h);
             }
+            self.spans().entry(self.number).or_default().merge(written);
         }
         if let Some(upto) = purge {
             // Delete whole segments that hold nothing above the purge point,
@@ -458,6 +581,7 @@ impl Writer {
             while self.segments.len() > 1 && self.segments[0].1 <= upto {
                 let (number, _) = self.segments.remove(0);
                 fs::remove_file(segment_path(&self.dir, number))?;
+                self.spans().remove(&number);
             }
         }
         if self.size >= SEGMENT_BYTES {
@@ -466,8 +590,13 @@ impl Writer {
             self.number = number;
             self.size = 0;
             self.segments.push((number, 0));
+            self.spans().insert(number, Span::default());
         }
         Ok(())
+    }
+
+    fn spans(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Span>> {
+        self.spans.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -493,10 +622,14 @@ impl RaftLogReader<TypeConfig> for LogStore {
         if !starts_below_floor {
             return Ok(from_memory);
         }
-        let below = (
-            range.start_bound().cloned(),
-            std::ops::Bound::Excluded(floor),
-        );
+        // Only what the range asks for, below the floor.
+        use std::ops::Bound;
+        let end = match range.end_bound() {
+            Bound::Included(&i) if i < floor => Bound::Included(i),
+            Bound::Excluded(&i) if i < floor => Bound::Excluded(i),
+            _ => Bound::Excluded(floor),
+        };
+        let below = (range.start_bound().cloned(), end);
         let mut entries = self
             .read_from_disk(below)
             .map_err(|e| StorageError::from(StorageIOError::read_logs(any(e))))?;
@@ -550,11 +683,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut bytes = Vec::new();
         let mut last_index = None;
+        let mut span = Span::default();
         {
             let mut state = self.lock();
             for entry in entries {
                 encode(&RecordRef::Entry(&entry), &mut bytes).map_err(write_error)?;
                 last_index = Some(entry.log_id.index);
+                span.entry(entry.log_id.index);
                 state.entries.insert(entry.log_id.index, entry);
             }
             // Applied entries are durable and in the state machine: let all
@@ -575,6 +710,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.send(Job::Write {
             bytes,
+            span,
             last_index,
             purge_upto: None,
             done: Some(callback),
@@ -586,8 +722,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.lock().entries.split_off(&log_id.index);
         let mut bytes = Vec::new();
         encode(&RecordRef::Truncate(log_id.index), &mut bytes).map_err(write_error)?;
+        let mut span = Span::default();
+        span.truncate(log_id.index);
         self.send(Job::Write {
             bytes,
+            span,
             last_index: None,
             purge_upto: None,
             done: None,
@@ -604,8 +743,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let mut bytes = Vec::new();
         encode(&RecordRef::Purge(log_id), &mut bytes).map_err(write_error)?;
+        let mut span = Span::default();
+        span.purge(log_id.index);
         self.send(Job::Write {
             bytes,
+            span,
             last_index: None,
             purge_upto: Some(log_id.index),
             done: None,
@@ -826,6 +968,51 @@ mod storage_tests {
         drop(log);
         let mut log = LogStore::open(dir.path()).expect("reopen again");
         assert_eq!(indexes(&mut log).await, (281..=302).collect::<Vec<_>>());
+    }
+
+    /// A lagging follower reads applied entries back one append at a time:
+    /// each read replays the segments that hold them, not the whole log.
+    #[tokio::test]
+    async fn a_read_from_disk_replays_only_the_segments_it_needs() {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = LogStore::open(dir.path()).expect("open");
+        for chunk in (1..=300).collect::<Vec<u64>>().chunks(20) {
+            append(&mut log, chunk.iter().map(|&i| big(i)).collect()).await;
+        }
+        assert_eq!(segment_count(dir.path()), 3);
+        log.applied_index().store(300, Ordering::Relaxed);
+        append(&mut log, vec![big(301)]).await;
+        assert!(log.entries_in_memory() < 100, "applied entries left memory");
+
+        let before = log.segments_read();
+        let got = log.try_get_log_entries(10..12).await.unwrap();
+        assert_eq!(
+            got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            vec![10, 11]
+        );
+        assert_eq!(
+            format!("{:?}", got[0].payload),
+            format!("{:?}", big(10).payload)
+        );
+        assert_eq!(log.segments_read() - before, 1, "one segment holds them");
+
+        let before = log.segments_read();
+        let got = log.try_get_log_entries(120..140).await.unwrap();
+        assert_eq!(got.len(), 20);
+        assert!(log.segments_read() - before <= 2);
+
+        // Reopened, the spans are rebuilt from the files.
+        drop(log);
+        let mut log = LogStore::open(dir.path()).expect("reopen");
+        log.applied_index().store(301, Ordering::Relaxed);
+        append(&mut log, vec![big(302)]).await;
+        let got = log.try_get_log_entries(150..152).await.unwrap();
+        assert_eq!(
+            got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            vec![150, 151]
+        );
+        assert_eq!(log.segments_read(), 1);
     }
 
     #[tokio::test]

@@ -149,6 +149,11 @@ impl Endpoints {
         Ok(route)
     }
 
+    /// How many endpoints there are.
+    pub fn len(&self) -> usize {
+        self.addrs.len()
+    }
+
     /// The endpoint in use.
     pub fn route(&self) -> Arc<Route> {
         self.current

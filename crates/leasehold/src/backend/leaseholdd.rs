@@ -265,10 +265,16 @@ impl Leaseholdd {
                 let renew = pb::KeepAliveRequest { lease_id: lease };
                 let route = endpoints.route();
                 // A node cut off from its majority may take the call and not
-                // answer for a while: give up on it after a sixth of the TTL
-                // and try the next node, with time left before the deadline.
+                // answer for a while: with other nodes to try, give up on it
+                // after a sixth of the TTL (at least 200 ms), with time left
+                // before the deadline. With one node there is nowhere else.
                 let call = endpoints.call::<pb::KeepAliveResponse>(Op::KeepAlive, &renew);
-                match tokio::time::timeout(ttl / 6, call).await {
+                let attempt = if endpoints.len() > 1 {
+                    (ttl / 6).max(Duration::from_millis(200))
+                } else {
+                    Duration::MAX
+                };
+                match tokio::time::timeout(attempt, call).await {
                     Ok(Ok(_)) => Ok(()),
                     Ok(Err(e)) => match e.into_error("") {
                         Error::Unavailable(m) => Err(RenewError::Transient(m)),
@@ -277,9 +283,8 @@ impl Leaseholdd {
                     Err(_) => {
                         endpoints.failed(&route).await;
                         Err(RenewError::Transient(format!(
-                            "no answer from {} within {:?}",
+                            "no answer from {} within {attempt:?}",
                             route.addr,
-                            ttl / 6
                         )))
                     }
                 }
