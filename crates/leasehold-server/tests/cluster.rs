@@ -249,3 +249,55 @@ async fn five_nodes_survive_two_kills() {
     .await;
     assert_eq!(s, 200, "{r}");
 }
+
+/// The admin API over gRPC: status on any node, changes at the leader (a
+/// follower refuses with `not_leader` and the leader's address in metadata).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_over_grpc() {
+    use leasehold_proto::v1 as pb;
+    let _serial = serial().await;
+    let mut c = Cluster::start(3);
+    let leader = c.wait_leader();
+    let follower = (leader + 1) % 3;
+    let mut f = pb::leasehold_client::LeaseholdClient::connect(c.nodes[follower].url())
+        .await
+        .unwrap();
+    let status = f
+        .cluster_status(pb::ClusterStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.role, "follower");
+    assert_eq!(status.leader_addr, c.nodes[leader].addr);
+    assert_eq!(status.members.len(), 3);
+
+    let new = c.start_new_node(4);
+    let add = pb::AddMemberRequest {
+        id: 4,
+        addr: c.nodes[new].addr.clone(),
+    };
+    let refused = f.add_member(add.clone()).await.unwrap_err();
+    let md = |name: &str| {
+        refused
+            .metadata()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    assert_eq!(md("leasehold-code").as_deref(), Some("not_leader"));
+    assert_eq!(md("leasehold-leader"), Some(c.nodes[leader].addr.clone()));
+
+    let mut l = pb::leasehold_client::LeaseholdClient::connect(c.nodes[leader].url())
+        .await
+        .unwrap();
+    let status = l.add_member(add).await.unwrap().into_inner();
+    let voters = status.members.iter().filter(|m| m.voter).count();
+    assert_eq!(voters, 4);
+    assert!(status.members.iter().all(|m| m.lag.is_some()), "{status:?}");
+    let status = l
+        .remove_member(pb::RemoveMemberRequest { id: 4 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.members.len(), 3);
+}

@@ -9,6 +9,7 @@ use pb::leasehold_server::{Leasehold, LeaseholdServer};
 use tonic::{Request, Response, Status};
 
 use super::calls;
+use crate::raft::ClusterStatus;
 use crate::service::{ApiError, LockService};
 
 /// The tonic service over `service`.
@@ -47,6 +48,30 @@ fn lock_info(key: &str, view: Option<LockView>) -> pb::LockInfo {
             .collect(),
         has_checkpoint: v.has_checkpoint,
         delay_left_ms: v.delay_left_ms,
+    }
+}
+
+fn cluster_status(c: ClusterStatus) -> pb::ClusterStatusResponse {
+    pb::ClusterStatusResponse {
+        id: c.id,
+        role: c.role.to_string(),
+        term: c.term,
+        leader: c.leader,
+        leader_addr: c.leader_addr.unwrap_or_default(),
+        last_log_index: c.last_log_index,
+        last_applied: c.last_applied,
+        snapshot_index: c.snapshot_index,
+        members: c
+            .members
+            .into_iter()
+            .map(|m| pb::Member {
+                id: m.id,
+                addr: m.addr,
+                voter: m.voter,
+                matched_index: m.matched_index,
+                lag: m.lag,
+            })
+            .collect(),
     }
 }
 
@@ -151,6 +176,36 @@ impl Leasehold for Grpc {
         Ok(Response::new(pb::ListLeasesResponse {
             leases: leases.into_iter().map(lease_info).collect(),
         }))
+    }
+
+    async fn cluster_status(
+        &self,
+        _request: Request<pb::ClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        Ok(Response::new(cluster_status(
+            self.service.consensus().cluster_status(),
+        )))
+    }
+
+    async fn add_member(
+        &self,
+        request: Request<pb::AddMemberRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        let r = request.into_inner();
+        let status = self.service.consensus().add_member(r.id, r.addr).await?;
+        Ok(Response::new(cluster_status(status)))
+    }
+
+    async fn remove_member(
+        &self,
+        request: Request<pb::RemoveMemberRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        let status = self
+            .service
+            .consensus()
+            .remove_member(request.into_inner().id)
+            .await?;
+        Ok(Response::new(cluster_status(status)))
     }
 
     type WatchStream = EventStream;
