@@ -149,6 +149,11 @@ impl Consensus {
     /// Waits until this node's role may have changed.
     pub async fn role_changed(&self) {
         let mut metrics = self.raft.metrics();
+        // A clone of openraft's receiver carries the version that receiver
+        // last saw, which nothing updates: without marking the current value
+        // seen, `changed` answers at once and the caller spins (a follower's
+        // expiry driver took half a core).
+        metrics.borrow_and_update();
         let _ = metrics.changed().await;
     }
 
