@@ -295,3 +295,70 @@ async fn an_isolated_leader_loses_its_holders_before_the_majority_grants_again()
     let status = kept.status("kept-key").await.unwrap();
     assert_eq!(status[0].fence, lk.fence(), "{status:?}");
 }
+
+/// A fourth node joins while ten clients take and release locks: it is
+/// caught up and votes, and no client sees a grant lost or a release refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_under_load() {
+    let _serial = serial().await;
+    let mut c = Cluster::start(3);
+    let endpoints = c.endpoints();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..10 {
+        let (endpoints, stop) = (endpoints.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let client = Client::connect(&endpoints).await.unwrap();
+            let mut done = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let key = format!("load-{}", (w + done) % 4);
+                match client
+                    .acquire(&key, opts(5_000).wait(Duration::from_secs(10)))
+                    .await
+                {
+                    Ok(lease) => {
+                        lease.release().await.expect("a release was refused");
+                        done += 1;
+                    }
+                    Err(Error::Unavailable(_)) | Err(Error::Timeout { .. }) => {}
+                    Err(e) => panic!("acquire: {e}"),
+                }
+            }
+            done
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let new = c.start_new_node(4);
+    let leader = c.wait_leader();
+    let mut admin =
+        leasehold_proto::v1::leasehold_client::LeaseholdClient::connect(c.nodes[leader].url())
+            .await
+            .unwrap();
+    let status = admin
+        .add_member(leasehold_proto::v1::AddMemberRequest {
+            id: 4,
+            addr: c.nodes[new].addr.clone(),
+        })
+        .await
+        .expect("the node joins under load")
+        .into_inner();
+    assert_eq!(status.members.iter().filter(|m| m.voter).count(), 4);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut total = 0;
+    for w in workers {
+        total += w.await.unwrap();
+    }
+    assert!(total > 0);
+    let applied = |i: usize| {
+        c.nodes[i]
+            .health()
+            .and_then(|h| serde_json::from_str::<serde_json::Value>(&h).ok())
+            .and_then(|h| h["last_applied"].as_u64())
+            .unwrap_or(0)
+    };
+    let target = applied(leader);
+    leasehold_testkit::wait_until(Duration::from_secs(10), "node 4 to catch up", || {
+        applied(new) >= target
+    });
+}

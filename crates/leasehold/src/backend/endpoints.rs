@@ -195,24 +195,8 @@ impl Endpoints {
         op: Op,
         request: &impl Message,
     ) -> std::result::Result<R, CallError> {
-        let mut hop = 0;
-        let give_up = tokio::time::Instant::now() + FAILOVER_WAIT;
-        loop {
-            let route = self.route();
-            let result = route.frames.call::<R>(op, request).await;
-            match self.next_after(&result) {
-                Some(next) if tokio::time::Instant::now() < give_up => {
-                    hop += 1;
-                    self.move_on(&route, next, hop).await;
-                }
-                _ => {
-                    if let Err(CallError::Transport(_)) = &result {
-                        self.failed(&route).await;
-                    }
-                    return result;
-                }
-            }
-        }
+        self.framed(|frames| async move { frames.call::<R>(op, request).await })
+            .await
     }
 
     /// A framed try-acquire, sent to the leader; a grant that finds no
@@ -222,11 +206,25 @@ impl Endpoints {
         request: &pb::AcquireRequest,
         guard: G,
     ) -> std::result::Result<pb::AcquireResponse, CallError> {
+        self.framed(|frames| {
+            let guard = guard.clone();
+            async move { frames.acquire(request, guard).await }
+        })
+        .await
+    }
+
+    /// Sends with `send` on the current endpoint's framed connection, going
+    /// on to the leader while the answer says it is elsewhere.
+    async fn framed<R, F, Fut>(&self, send: F) -> std::result::Result<R, CallError>
+    where
+        F: Fn(Frames) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<R, CallError>>,
+    {
         let mut hop = 0;
         let give_up = tokio::time::Instant::now() + FAILOVER_WAIT;
         loop {
             let route = self.route();
-            let result = route.frames.acquire(request, guard.clone()).await;
+            let result = send(route.frames.clone()).await;
             match self.next_after(&result) {
                 Some(next) if tokio::time::Instant::now() < give_up => {
                     hop += 1;
