@@ -20,6 +20,7 @@
 //! | `leasehold_raft_snapshot_index` | gauge | last index in this node's snapshot |
 //! | `leasehold_leader_changes_total` | counter | times this node saw a new leader |
 //! | `leasehold_raft_replication_lag{peer}` | gauge | on the leader: entries each member is behind |
+//! | `leasehold_raft_snapshot_chunks_sent_total` | counter | snapshot chunks sent to peers (a member catching up from a snapshot) |
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -76,6 +77,8 @@ pub struct Metrics {
     snapshot: Gauge,
     leader_changes: Counter,
     lag: Family<PeerLabel, Gauge>,
+    /// Snapshot chunks sent to peers; the peer network counts them.
+    pub snapshot_chunks: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -103,6 +106,7 @@ impl Default for Metrics {
             snapshot: Gauge::default(),
             leader_changes: Counter::default(),
             lag: Family::default(),
+            snapshot_chunks: Counter::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -174,6 +178,11 @@ impl Default for Metrics {
             "leasehold_raft_replication_lag",
             "On the leader: entries each member is behind",
             m.lag.clone(),
+        );
+        r.register(
+            "leasehold_raft_snapshot_chunks_sent",
+            "Snapshot chunks sent to peers",
+            m.snapshot_chunks.clone(),
         );
         m
     }

@@ -123,6 +123,14 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
         "the wiped follower to be rebuilt",
         || applied(&addr) >= target,
     );
+    // From a snapshot: the log it needed was purged.
+    let metrics = http_get(&leader, "/metrics").unwrap_or_default();
+    let chunks: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("leasehold_raft_snapshot_chunks_sent_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(chunks >= 1, "no snapshot was sent:\n{metrics}");
 
     for i in 0..3 {
         c.kill(i);

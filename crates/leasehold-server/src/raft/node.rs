@@ -116,11 +116,12 @@ impl Consensus {
             .with_context(|| format!("create data dir {}", dir.display()))?;
         let log =
             LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
-        let sm = StateMachine::open(dir, hub, options.snapshot_every, log.applied_index())
-            .with_context(|| format!("open snapshot in {}", dir.display()))?;
         let network = PeerNetwork {
             source: spec.source,
+            snapshot_chunks: hub.metrics.snapshot_chunks.clone(),
         };
+        let sm = StateMachine::open(dir, hub, options.snapshot_every, log.applied_index())
+            .with_context(|| format!("open snapshot in {}", dir.display()))?;
         Consensus::start_with(spec, options, log, sm, network, system_clock()).await
     }
 

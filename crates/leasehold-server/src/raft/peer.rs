@@ -26,6 +26,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::Raft;
+use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
@@ -181,6 +182,8 @@ pub(super) async fn probe(addr: &str) -> Option<ProbeReply> {
 pub struct PeerNetwork {
     /// The local address connections are made from (`None`: any).
     pub source: Option<IpAddr>,
+    /// Counts the snapshot chunks sent (a metric).
+    pub snapshot_chunks: Counter,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -191,6 +194,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             addr: node.addr.clone(),
             client: channel(&node.addr, self.source).map(client),
+            snapshot_chunks: self.snapshot_chunks.clone(),
         }
     }
 }
@@ -201,6 +205,7 @@ pub struct PeerClient {
     addr: String,
     /// `None` if the address is not one (the peer is then unreachable).
     client: Option<RaftPeerClient<Channel>>,
+    snapshot_chunks: Counter,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -291,6 +296,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
     > {
+        self.snapshot_chunks.inc();
         self.call(Rpc::Snapshot, &rpc, &option).await
     }
 
