@@ -99,7 +99,9 @@ async fn two_workers_with_skip_locked_never_claim_the_same_job() {
         "the second worker waited or overlapped"
     );
     // A worker that dies (its transaction rolls back) gives its jobs back.
-    drop(ta);
+    // Rolled back and waited for: a dropped transaction's ROLLBACK is sent in
+    // the background and could reach the server after the next claim.
+    ta.rollback().await.unwrap();
     tb.commit().await.unwrap();
     let again = ids(setup.query(claim, &[]).await.unwrap());
     assert_eq!(again, vec![1, 2, 3]);
