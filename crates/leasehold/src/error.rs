@@ -41,9 +41,16 @@ pub enum Error {
     /// The request was malformed (key too long, TTL out of range, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// The lock store cannot be reached or is not serving; retrying may help.
+    /// The lock store cannot be reached or is not serving; nothing was done.
+    /// Retrying may help.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The request reached the store but no answer came back (the connection
+    /// broke, or the leader lost its quorum mid-write): it may or may not have
+    /// taken effect. The client has already retried it with its request id
+    /// where it carries one (grant, acquire, release) before saying so.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
     /// This backend cannot do that (e.g. checkpoints on Redis).
     #[error("not supported by the {backend} backend: {what}")]
     Unsupported {

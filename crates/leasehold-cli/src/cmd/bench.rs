@@ -98,6 +98,7 @@ impl Shared {
             Error::StaleFence { .. } => "stale_fence",
             Error::InvalidArgument(_) => "invalid_argument",
             Error::Unavailable(_) => "unavailable",
+            Error::OutcomeUnknown(_) => "outcome_unknown",
             _ => "other",
         };
         if let Ok(mut m) = self.errors.lock() {

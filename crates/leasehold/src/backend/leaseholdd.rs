@@ -152,9 +152,8 @@ fn lock_error(
             reason: message,
         },
         Some("invalid_argument") => Error::InvalidArgument(message),
-        Some("not_leader") | Some("unavailable") | Some("outcome_unknown") => {
-            Error::Unavailable(message)
-        }
+        Some("not_leader") | Some("unavailable") => Error::Unavailable(message),
+        Some("outcome_unknown") => Error::OutcomeUnknown(message),
         _ => Error::Other(message),
     }
 }
@@ -162,7 +161,8 @@ fn lock_error(
 impl CallError {
     fn into_error(self, key: &str) -> Error {
         match self {
-            CallError::Transport(m) | CallError::Unsent(m) => Error::Unavailable(m),
+            CallError::Unsent(m) => Error::Unavailable(m),
+            CallError::Transport(m) => Error::OutcomeUnknown(m),
             CallError::Server(reply) => lock_error(
                 key,
                 Some(reply.code.as_str()).filter(|c| !c.is_empty()),
@@ -250,7 +250,7 @@ impl Leaseholdd {
             {
                 Ok(r) => break r.lease_id,
                 Err(e) => match e.into_error("") {
-                    Error::Unavailable(_) if attempt + 1 < ATTEMPTS => {
+                    Error::Unavailable(_) | Error::OutcomeUnknown(_) if attempt + 1 < ATTEMPTS => {
                         attempt += 1;
                         tokio::time::sleep(backoff(attempt)).await;
                     }
@@ -277,7 +277,9 @@ impl Leaseholdd {
                 match tokio::time::timeout(attempt, call).await {
                     Ok(Ok(_)) => Ok(()),
                     Ok(Err(e)) => match e.into_error("") {
-                        Error::Unavailable(m) => Err(RenewError::Transient(m)),
+                        Error::Unavailable(m) | Error::OutcomeUnknown(m) => {
+                            Err(RenewError::Transient(m))
+                        }
                         e => Err(RenewError::Lost(e.to_string())),
                     },
                     Err(_) => {
@@ -362,7 +364,9 @@ impl Backend for Leaseholdd {
             let claim = match self.claim(key, opts.ttl, holder).await {
                 Ok(c) => Arc::new(c),
                 // E.g. a pooled connection the restarted server had closed.
-                Err(Error::Unavailable(_)) if retry_unavailable(attempt) => {
+                Err(Error::Unavailable(_) | Error::OutcomeUnknown(_))
+                    if retry_unavailable(attempt) =>
+                {
                     attempt += 1;
                     tokio::time::sleep(backoff(attempt)).await;
                     continue;
@@ -421,7 +425,9 @@ impl Backend for Leaseholdd {
                                 .lose("the server no longer knows this session");
                             renewed_session = true;
                         }
-                        Error::Unavailable(_) if retry_unavailable(attempt) => {
+                        Error::Unavailable(_) | Error::OutcomeUnknown(_)
+                            if retry_unavailable(attempt) =>
+                        {
                             attempt += 1;
                             tokio::time::sleep(backoff(attempt)).await;
                         }
@@ -527,7 +533,7 @@ async fn release(endpoints: &Endpoints, key: &str, fence: Fence) -> Result<()> {
         {
             Ok(_) => return Ok(()),
             Err(e) => match e.into_error(key) {
-                Error::Unavailable(_) if attempt + 1 < ATTEMPTS => {
+                Error::Unavailable(_) | Error::OutcomeUnknown(_) if attempt + 1 < ATTEMPTS => {
                     attempt += 1;
                     tokio::time::sleep(backoff(attempt)).await;
                 }
