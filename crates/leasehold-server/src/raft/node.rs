@@ -161,9 +161,14 @@ impl Consensus {
         tokio::spawn(
             consensus
                 .clone()
-                // Twice the followers' lease on it: stale metrics on a busy
-                // machine must not make a healthy leader flap.
-                .follow_leadership(spec.id, options.election_timeout.1 * 2),
+                // Well past the followers' lease on it (at least a second):
+                // metrics that arrive late on a busy machine must not make a
+                // healthy leader stop serving. Calls that hang on a leader
+                // that really is cut off are also cut by the client.
+                .follow_leadership(
+                    spec.id,
+                    (options.election_timeout.1 * 4).max(Duration::from_secs(1)),
+                ),
         );
         tokio::spawn(consensus.clone().batch_proposals(queue));
         tokio::spawn(consensus.clone().snapshot_when_due());

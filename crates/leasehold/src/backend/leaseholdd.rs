@@ -570,10 +570,22 @@ impl Hold for LeaseholddHold {
             fence: self.fence,
             data: data.to_vec(),
         };
-        self.endpoints
-            .call::<pb::SaveCheckpointResponse>(Op::SaveCheckpoint, &request)
-            .await
-            .map(drop)
-            .map_err(|e| e.into_error(&self.key))
+        // Saving the same bytes under the same token twice is saving them
+        // once, so a call that found no leader or got no answer is retried.
+        let mut attempt = 0;
+        loop {
+            let saved = self
+                .endpoints
+                .call::<pb::SaveCheckpointResponse>(Op::SaveCheckpoint, &request)
+                .await;
+            match saved.map_err(|e| e.into_error(&self.key)) {
+                Ok(_) => return Ok(()),
+                Err(Error::Unavailable(_) | Error::OutcomeUnknown(_)) if attempt + 1 < ATTEMPTS => {
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
