@@ -139,63 +139,42 @@ impl LockService {
         holder: String,
         request_id: RequestId,
     ) -> Result<(LeaseId, u64), ApiError> {
-        self.measured("grant", self.grant_unmeasured(ttl_ms, holder, request_id))
-            .await
-    }
-
-    /// Creates a lease. A retry with the same `request_id` (and the same TTL
-    /// and holder) answers with the lease the first one made.
-    async fn grant_unmeasured(
-        &self,
-        ttl_ms: u64,
-        holder: String,
-        request_id: RequestId,
-    ) -> Result<(LeaseId, u64), ApiError> {
-        limits::validate_ttl(ttl_ms)?;
-        limits::validate_holder(&holder)?;
-        let command = Command::Grant {
-            ttl_ms,
-            holder,
-            request_id,
-        };
-        match self.propose(command).await? {
-            Response::LeaseGranted { lease, ttl_ms } => Ok((lease, ttl_ms)),
-            other => Err(unexpected(other)),
-        }
+        self.measured("grant", async move {
+            limits::validate_ttl(ttl_ms)?;
+            limits::validate_holder(&holder)?;
+            let command = Command::Grant {
+                ttl_ms,
+                holder,
+                request_id,
+            };
+            match self.propose(command).await? {
+                Response::LeaseGranted { lease, ttl_ms } => Ok((lease, ttl_ms)),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
     }
 
     /// Renews a lease to its full TTL.
     pub async fn keep_alive(&self, lease: LeaseId) -> Result<u64, ApiError> {
-        self.measured("keep_alive", self.keep_alive_unmeasured(lease))
-            .await
-    }
-
-    /// Renews a lease to its full TTL.
-    async fn keep_alive_unmeasured(&self, lease: LeaseId) -> Result<u64, ApiError> {
-        match self.propose(Command::KeepAlive { lease }).await? {
-            Response::Renewed { ttl_ms } => Ok(ttl_ms),
-            other => Err(unexpected(other)),
-        }
+        self.measured("keep_alive", async move {
+            match self.propose(Command::KeepAlive { lease }).await? {
+                Response::Renewed { ttl_ms } => Ok(ttl_ms),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
     }
 
     /// Ends a lease, releasing its locks.
     pub async fn revoke(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
-        self.measured("revoke", self.revoke_unmeasured(lease)).await
-    }
-
-    /// Ends a lease, releasing its locks.
-    async fn revoke_unmeasured(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
-        match self.propose(Command::Revoke { lease }).await? {
-            Response::Revoked { released } => Ok(released),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Acquires a lock, at once or waiting in the key's queue (the rules are
-    /// on the unmeasured body below).
-    pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
-        self.measured("acquire", self.acquire_unmeasured(args))
-            .await
+        self.measured("revoke", async move {
+            match self.propose(Command::Revoke { lease }).await? {
+                Response::Revoked { released } => Ok(released),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
     }
 
     /// Acquires a lock, waiting in the key's queue when `wait_ms > 0`.
@@ -205,54 +184,57 @@ impl LockService {
     /// wait is withdrawn, and a grant that raced with the withdrawal is
     /// released, since nobody would ever learn of it. A wait on a lease made
     /// for it that ends without a grant revokes that lease.
-    async fn acquire_unmeasured(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
-        limits::validate_key(&args.key)?;
-        limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
-        let command = match &args.lease {
-            LeaseSpec::Existing(lease) => Command::Acquire {
-                lease: *lease,
-                key: args.key.clone(),
-                wait_ms: args.wait_ms,
-                lock_delay_ms: args.lock_delay_ms,
-                request_id: args.request_id,
-            },
-            LeaseSpec::New { ttl_ms, holder } => {
-                limits::validate_ttl(*ttl_ms)?;
-                limits::validate_holder(holder)?;
-                Command::GrantAndAcquire {
-                    ttl_ms: *ttl_ms,
-                    holder: holder.clone(),
+    pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
+        self.measured("acquire", async move {
+            limits::validate_key(&args.key)?;
+            limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
+            let command = match &args.lease {
+                LeaseSpec::Existing(lease) => Command::Acquire {
+                    lease: *lease,
                     key: args.key.clone(),
                     wait_ms: args.wait_ms,
                     lock_delay_ms: args.lock_delay_ms,
                     request_id: args.request_id,
-                }
-            }
-        };
-        if args.wait_ms == 0 {
-            return match self.propose(command).await? {
-                Response::Acquired(grant) => Ok(grant),
-                other => Err(unexpected(other)),
-            };
-        }
-        let lease = match args.lease {
-            LeaseSpec::Existing(lease) => lease,
-            // The new lease's id is known only from the answer: queue (or
-            // take the key) first, then wait as that lease.
-            LeaseSpec::New { .. } => match self.propose(command).await? {
-                Response::Acquired(grant) => return Ok(grant),
-                Response::Queued { lease, .. } => {
-                    let waited = self.wait(lease, &args).await;
-                    if waited.is_err() {
-                        // Made for this lock alone: do not leave it behind.
-                        let _ = self.revoke_unmeasured(lease).await;
+                },
+                LeaseSpec::New { ttl_ms, holder } => {
+                    limits::validate_ttl(*ttl_ms)?;
+                    limits::validate_holder(holder)?;
+                    Command::GrantAndAcquire {
+                        ttl_ms: *ttl_ms,
+                        holder: holder.clone(),
+                        key: args.key.clone(),
+                        wait_ms: args.wait_ms,
+                        lock_delay_ms: args.lock_delay_ms,
+                        request_id: args.request_id,
                     }
-                    return waited;
                 }
-                other => return Err(unexpected(other)),
-            },
-        };
-        self.wait(lease, &args).await
+            };
+            if args.wait_ms == 0 {
+                return match self.propose(command).await? {
+                    Response::Acquired(grant) => Ok(grant),
+                    other => Err(unexpected(other)),
+                };
+            }
+            let lease = match args.lease {
+                LeaseSpec::Existing(lease) => lease,
+                // The new lease's id is known only from the answer: queue (or
+                // take the key) first, then wait as that lease.
+                LeaseSpec::New { .. } => match self.propose(command).await? {
+                    Response::Acquired(grant) => return Ok(grant),
+                    Response::Queued { lease, .. } => {
+                        let waited = self.wait(lease, &args).await;
+                        if waited.is_err() {
+                            // Made for this lock alone: do not leave it behind.
+                            let _ = self.propose(Command::Revoke { lease }).await;
+                        }
+                        return waited;
+                    }
+                    other => return Err(unexpected(other)),
+                },
+            };
+            self.wait(lease, &args).await
+        })
+        .await
     }
 
     /// Acquires `args.key` under `lease` as a wait: registers for the
@@ -321,29 +303,21 @@ impl LockService {
         fence: Fence,
         request_id: RequestId,
     ) -> Result<(), ApiError> {
-        self.measured("release", self.release_unmeasured(key, fence, request_id))
-            .await
-    }
-
-    /// Releases a lock held with `fence`.
-    async fn release_unmeasured(
-        &self,
-        key: String,
-        fence: Fence,
-        request_id: RequestId,
-    ) -> Result<(), ApiError> {
-        limits::validate_key(&key)?;
-        match self
-            .propose(Command::Release {
-                key,
-                fence,
-                request_id,
-            })
-            .await?
-        {
-            Response::Released => Ok(()),
-            other => Err(unexpected(other)),
-        }
+        self.measured("release", async move {
+            limits::validate_key(&key)?;
+            match self
+                .propose(Command::Release {
+                    key,
+                    fence,
+                    request_id,
+                })
+                .await?
+            {
+                Response::Released => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
     }
 
     /// Stores a checkpoint with a lock held with `fence`.
@@ -353,29 +327,18 @@ impl LockService {
         fence: Fence,
         data: Vec<u8>,
     ) -> Result<(), ApiError> {
-        self.measured(
-            "save_checkpoint",
-            self.save_checkpoint_unmeasured(key, fence, data),
-        )
+        self.measured("save_checkpoint", async move {
+            limits::validate_key(&key)?;
+            limits::validate_checkpoint(&data)?;
+            match self
+                .propose(Command::SaveCheckpoint { key, fence, data })
+                .await?
+            {
+                Response::CheckpointSaved => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        })
         .await
-    }
-
-    /// Stores a checkpoint with a lock held with `fence`.
-    async fn save_checkpoint_unmeasured(
-        &self,
-        key: String,
-        fence: Fence,
-        data: Vec<u8>,
-    ) -> Result<(), ApiError> {
-        limits::validate_key(&key)?;
-        limits::validate_checkpoint(&data)?;
-        match self
-            .propose(Command::SaveCheckpoint { key, fence, data })
-            .await?
-        {
-            Response::CheckpointSaved => Ok(()),
-            other => Err(unexpected(other)),
-        }
     }
 
     /// One lock.

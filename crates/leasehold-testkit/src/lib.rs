@@ -4,7 +4,7 @@
 //! killed when its handle drops, so a failing test leaves nothing behind.
 //! Faults are real: [`Process::kill9`], [`Process::pause`] (SIGSTOP) and
 //! [`Process::resume`] (SIGCONT), and [`FaultProxy`] between a client and
-//! a server (a lost reply, a cut link).
+//! a server (a lost reply, one source's connections refused).
 
 mod cluster;
 mod proxy;

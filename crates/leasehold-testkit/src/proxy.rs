@@ -1,7 +1,6 @@
 //! A TCP proxy that injects faults between a client and a server: a reply
-//! lost on its way back, a link that is cut and later healed, or the
-//! connections from one source address refused (with a node per
-//! 127.0.0.N, that is one node cut off from another).
+//! lost on its way back, or the connections from one source address refused
+//! (with a node per 127.0.0.N, that is one node cut off from another).
 //!
 //! Each accepted connection gets its own connection to the target and two
 //! threads pumping bytes, one each way. Faults act on real sockets, so the
@@ -19,8 +18,6 @@ use std::time::Duration;
 struct Faults {
     /// Replies (server-to-client reads) to swallow, each closing its connection.
     drop_replies: AtomicUsize,
-    /// Cut: open connections are closed and new ones are closed at once.
-    cut: AtomicBool,
     /// Set when the proxy is dropped.
     stopped: AtomicBool,
     /// Every socket the proxy holds, by the client's source address, to
@@ -64,7 +61,7 @@ impl FaultProxy {
                         .unwrap_or_else(|e| e.into_inner())
                         .contains(&ip)
                 });
-                if f.cut.load(Ordering::SeqCst) || blocked {
+                if blocked {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
                 }
@@ -94,22 +91,6 @@ impl FaultProxy {
     /// How many replies were swallowed so far.
     pub fn dropped(&self) -> usize {
         self.faults.dropped.load(Ordering::SeqCst)
-    }
-
-    /// Closes every connection through the proxy and refuses new ones.
-    pub fn cut(&self) {
-        self.faults.cut.store(true, Ordering::SeqCst);
-        close_all(&self.faults);
-    }
-
-    /// Lets connections through again, from every source.
-    pub fn heal(&self) {
-        self.faults.cut.store(false, Ordering::SeqCst);
-        self.faults
-            .blocked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
     }
 
     /// Closes the connections from `source` and refuses new ones from it.

@@ -378,28 +378,12 @@ async fn grpc(
     if !endpoint.starts_with("http") {
         bail!("this workload needs leaseholdd (an http:// endpoint)");
     }
-    // A cluster's endpoints: these workloads call gRPC directly, so they go
-    // straight to the node that leads.
-    let addrs: Vec<&str> = endpoint
-        .trim_start_matches("http://")
-        .split(',')
-        .map(|a| a.trim().trim_start_matches("http://").trim_end_matches('/'))
-        .collect();
-    let mut target = addrs[0].to_string();
-    if addrs.len() > 1 {
-        for addr in &addrs {
-            let Ok(r) = reqwest::get(format!("http://{addr}/health")).await else {
-                continue;
-            };
-            let Ok(health) = r.json::<serde_json::Value>().await else {
-                continue;
-            };
-            if let Some(leader) = health["leader_addr"].as_str() {
-                target = leader.to_string();
-                break;
-            }
-        }
-    }
+    // These workloads call gRPC directly, so they go straight to the node
+    // that leads (of a cluster's endpoints, `http://a,b,c`).
+    let target = match super::cluster::addrs(endpoint)?.as_slice() {
+        [single] => single.clone(),
+        _ => super::cluster::leader(endpoint).await?,
+    };
     pb::leasehold_client::LeaseholdClient::connect(format!("http://{target}"))
         .await
         .with_context(|| format!("connect to {target}"))

@@ -5,7 +5,7 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 /// `host:port` of each endpoint of `--endpoint http://a,b,c`.
-fn addrs(endpoint: &str) -> anyhow::Result<Vec<String>> {
+pub(super) fn addrs(endpoint: &str) -> anyhow::Result<Vec<String>> {
     let addrs: Vec<String> = endpoint
         .split(',')
         .map(|p| {
@@ -67,6 +67,15 @@ fn answer((status, body): (u16, Value)) -> anyhow::Result<Value> {
         .map(str::to_string)
         .unwrap_or_else(|| body.to_string());
     bail!("{message}")
+}
+
+/// The address of the node that leads (the only node, for a single one).
+pub(super) async fn leader(endpoint: &str) -> anyhow::Result<String> {
+    let view = answer(at_leader(endpoint, |h, a| h.get(format!("http://{a}/v1/cluster"))).await?)?;
+    match view["leader_addr"].as_str() {
+        Some(leader) => Ok(leader.to_string()),
+        None => bail!("no node leads now"),
+    }
 }
 
 /// `leasehold cluster status`.

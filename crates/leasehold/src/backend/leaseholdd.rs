@@ -8,6 +8,10 @@
 //! own (revoked when that lock is released) and waits or is refused as it
 //! would from another client.
 //!
+//! The URL may name a cluster's nodes (`http://a:7419,b:7419,c:7419`):
+//! calls go to the leader, following `not_leader` answers and moving past
+//! nodes that cannot be reached (`endpoints`).
+//!
 //! Two transports to the one server port. The operations that never wait
 //! (grant, keepalive, try-acquire, release, checkpoint, revoke) go over the
 //! framed protocol: the protobuf messages of the gRPC API, length-prefixed,
