@@ -245,23 +245,9 @@ impl Leaseholdd {
             holder: holder.to_string(),
             request_id: rand::random::<u64>() | 1,
         };
-        let mut attempt = 0;
-        let lease = loop {
-            match self
-                .endpoints
-                .call::<pb::GrantResponse>(Op::Grant, &grant)
-                .await
-            {
-                Ok(r) => break r.lease_id,
-                Err(e) => match e.into_error("") {
-                    Error::Unavailable(_) | Error::OutcomeUnknown(_) if attempt + 1 < ATTEMPTS => {
-                        attempt += 1;
-                        tokio::time::sleep(backoff(attempt)).await;
-                    }
-                    e => return Err(e),
-                },
-            }
-        };
+        let lease = call_again::<pb::GrantResponse>(&self.endpoints, Op::Grant, &grant, "")
+            .await?
+            .lease_id;
         let endpoints = self.endpoints.clone();
         let keeper = Keeper::spawn(ttl, sent_at, move || {
             let endpoints = endpoints.clone();
@@ -529,20 +515,32 @@ async fn release(endpoints: &Endpoints, key: &str, fence: Fence) -> Result<()> {
         fence,
         request_id: rand::random::<u64>() | 1,
     };
+    call_again::<pb::ReleaseResponse>(endpoints, Op::Release, &request, key)
+        .await
+        .map(drop)
+}
+
+/// Sends a framed call that is safe to send again (it carries a request id,
+/// or acting twice is acting once) up to [`ATTEMPTS`] times while no node
+/// could take it or its answer was lost.
+async fn call_again<R: prost::Message + Default>(
+    endpoints: &Endpoints,
+    op: Op,
+    request: &impl prost::Message,
+    key: &str,
+) -> Result<R> {
     let mut attempt = 0;
     loop {
         match endpoints
-            .call::<pb::ReleaseResponse>(Op::Release, &request)
+            .call::<R>(op, request)
             .await
+            .map_err(|e| e.into_error(key))
         {
-            Ok(_) => return Ok(()),
-            Err(e) => match e.into_error(key) {
-                Error::Unavailable(_) | Error::OutcomeUnknown(_) if attempt + 1 < ATTEMPTS => {
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                e => return Err(e),
-            },
+            Err(Error::Unavailable(_) | Error::OutcomeUnknown(_)) if attempt + 1 < ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            result => return result,
         }
     }
 }
@@ -576,20 +574,9 @@ impl Hold for LeaseholddHold {
         };
         // Saving the same bytes under the same token twice is saving them
         // once, so a call that found no leader or got no answer is retried.
-        let mut attempt = 0;
-        loop {
-            let saved = self
-                .endpoints
-                .call::<pb::SaveCheckpointResponse>(Op::SaveCheckpoint, &request)
-                .await;
-            match saved.map_err(|e| e.into_error(&self.key)) {
-                Ok(_) => return Ok(()),
-                Err(Error::Unavailable(_) | Error::OutcomeUnknown(_)) if attempt + 1 < ATTEMPTS => {
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        let op = Op::SaveCheckpoint;
+        call_again::<pb::SaveCheckpointResponse>(&self.endpoints, op, &request, &self.key)
+            .await
+            .map(drop)
     }
 }
