@@ -74,6 +74,7 @@ pub struct Metrics {
     leader: Gauge,
     term: Gauge,
     last_log: Gauge,
+    commit: Gauge,
     snapshot: Gauge,
     leader_changes: Counter,
     lag: Family<PeerLabel, Gauge>,
@@ -103,6 +104,7 @@ impl Default for Metrics {
             leader: Gauge::default(),
             term: Gauge::default(),
             last_log: Gauge::default(),
+            commit: Gauge::default(),
             snapshot: Gauge::default(),
             leader_changes: Counter::default(),
             lag: Family::default(),
@@ -163,6 +165,11 @@ impl Default for Metrics {
             "leasehold_raft_last_log_index",
             "Last log index on this node",
             m.last_log.clone(),
+        );
+        r.register(
+            "leasehold_raft_commit_index",
+            "Highest log index known committed (on a follower: the last applied)",
+            m.commit.clone(),
         );
         r.register(
             "leasehold_raft_snapshot_index",
@@ -234,6 +241,7 @@ impl Metrics {
         let cluster = consensus.cluster_status();
         self.term.set(gauge_value(cluster.term));
         self.last_log.set(gauge_value(cluster.last_log_index));
+        self.commit.set(gauge_value(cluster.commit_index));
         self.snapshot.set(gauge_value(cluster.snapshot_index));
         self.lag.clear();
         for member in &cluster.members {

@@ -131,6 +131,12 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     assert!(chunks >= 1, "no snapshot was sent:\n{metrics}");
+    let commit: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("leasehold_raft_commit_index "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(commit >= target, "commit index {commit} below {target}");
 
     for i in 0..3 {
         c.kill(i);

@@ -94,11 +94,12 @@ pub async fn status(endpoint: &str, json: bool) -> anyhow::Result<i32> {
         return Ok(0);
     }
     println!(
-        "leader {} at {} · term {} · last log index {}",
+        "leader {} at {} · term {} · last log index {} · committed {}",
         view["leader"],
         view["leader_addr"].as_str().unwrap_or("-"),
         view["term"],
-        view["last_log_index"]
+        view["last_log_index"],
+        view["commit_index"]
     );
     println!(
         "{:<6} {:<24} {:<8} {:>12} {:>8}",

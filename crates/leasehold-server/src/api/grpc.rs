@@ -60,6 +60,7 @@ fn cluster_status(c: ClusterStatus) -> pb::ClusterStatusResponse {
         leader_addr: c.leader_addr.unwrap_or_default(),
         last_log_index: c.last_log_index,
         last_applied: c.last_applied,
+        commit_index: c.commit_index,
         snapshot_index: c.snapshot_index,
         members: c
             .members

@@ -163,6 +163,7 @@ async fn health(State(s): State<LockService>) -> Json<Value> {
         "leader_id": cluster.leader,
         "leader_addr": cluster.leader_addr,
         "last_applied": c.last_applied(),
+        "commit_index": cluster.commit_index,
     }))
 }
 

@@ -46,6 +46,10 @@ pub struct ClusterStatus {
     pub leader_addr: Option<String>,
     /// The last log index on this node.
     pub last_log_index: u64,
+    /// The highest index known committed here: on the leader, the highest
+    /// index a majority of voters holds; elsewhere, the last applied (the
+    /// commit index is at least that).
+    pub commit_index: u64,
     /// The last applied index on this node.
     pub last_applied: u64,
     /// The last log index in this node's snapshot.
@@ -62,6 +66,21 @@ fn role(state: ServerState) -> &'static str {
         ServerState::Learner => "learner",
         ServerState::Shutdown => "shutdown",
     }
+}
+
+/// The highest index held by a majority of the voters, as far as the leader
+/// knows.
+fn quorum_index(members: &[MemberStatus]) -> Option<u64> {
+    let mut held: Vec<u64> = members
+        .iter()
+        .filter(|m| m.voter)
+        .map(|m| m.matched_index.unwrap_or(0))
+        .collect();
+    if held.is_empty() {
+        return None;
+    }
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    held.get(held.len() / 2).copied()
 }
 
 impl Consensus {
@@ -92,7 +111,13 @@ impl Consensus {
                     lag: matched_index.map(|i| last.saturating_sub(i)),
                 }
             })
-            .collect();
+            .collect::<Vec<MemberStatus>>();
+        let last_applied = m.last_applied.map_or(0, |l| l.index);
+        let commit_index = if m.state == ServerState::Leader {
+            quorum_index(&members).unwrap_or(last_applied)
+        } else {
+            last_applied
+        };
         ClusterStatus {
             id: m.id,
             role: role(m.state),
@@ -102,7 +127,8 @@ impl Consensus {
                 .current_leader
                 .and_then(|l| membership.get_node(&l).map(|n| n.addr.clone())),
             last_log_index: last,
-            last_applied: m.last_applied.map_or(0, |l| l.index),
+            commit_index,
+            last_applied,
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             members,
         }

@@ -785,10 +785,14 @@ mod storage_tests {
 
     use super::LogStore;
     use crate::hub::Hub;
+    use crate::raft::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
     use crate::raft::state_machine::StateMachine;
     use crate::raft::{NodeId, TypeConfig};
 
-    struct Builder;
+    /// The log on disk, with the snapshot in a file or in memory.
+    struct Builder {
+        snapshots_in_memory: bool,
+    }
 
     impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
         async fn build(
@@ -796,8 +800,13 @@ mod storage_tests {
         ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<NodeId>> {
             let dir = tempfile::tempdir().expect("tempdir");
             let log = LogStore::open(dir.path()).expect("open log");
+            let snapshots: Arc<dyn SnapshotStore> = if self.snapshots_in_memory {
+                Arc::new(MemorySnapshots::default())
+            } else {
+                Arc::new(FileSnapshots::in_dir(dir.path()))
+            };
             let sm = StateMachine::open(
-                dir.path(),
+                snapshots,
                 Arc::new(Hub::default()),
                 1_000,
                 log.applied_index(),
@@ -809,7 +818,14 @@ mod storage_tests {
 
     #[test]
     fn openraft_storage_suite() {
-        Suite::test_all(Builder).expect("storage suite");
+        Suite::test_all(Builder {
+            snapshots_in_memory: false,
+        })
+        .expect("storage suite, snapshots in a file");
+        Suite::test_all(Builder {
+            snapshots_in_memory: true,
+        })
+        .expect("storage suite, snapshots in memory");
     }
 
     fn blank(index: u64) -> Entry<TypeConfig> {

@@ -8,12 +8,14 @@
 //!
 //! # Layout
 //! - [`node`]: start-up from injected parts (node id, members, log store,
-//!   peer network, clock) and the one-time initialization of a group.
+//!   snapshot store, peer network, clock) and the one-time initialization of a group.
 //! - [`leadership`]: the leader's clock and following this node's role.
 //! - `batch`: proposals gathered into log entries (group commit).
 //! - [`peer`]: Raft's RPCs between nodes over gRPC, both ends.
 //! - `cluster`: membership: status, add, remove.
-//! - `log_store`, `state_machine`: the log and the lock table on disk.
+//! - `log_store`: the log on disk, its segments indexed by entry range.
+//! - `state_machine`: the lock table as the state machine.
+//! - [`snapshot_store`]: where its snapshot is kept (a file, or memory).
 
 mod batch;
 mod cluster;
@@ -21,6 +23,7 @@ pub mod leadership;
 mod log_store;
 pub mod node;
 pub mod peer;
+pub mod snapshot_store;
 mod state_machine;
 
 use std::io::Cursor;
@@ -36,6 +39,7 @@ pub use cluster::{ClusterStatus, MemberStatus};
 pub use leadership::{Clock, SystemClock};
 pub use log_store::LogStore;
 pub use node::{NodeSpec, RaftOptions};
+pub use snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use state_machine::Shared;
 pub use state_machine::StateMachine;
 

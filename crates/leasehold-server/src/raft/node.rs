@@ -29,6 +29,7 @@ use super::batch::MAX_BATCH;
 use super::leadership::{system_clock, Clock};
 use super::log_store::LogStore;
 use super::peer::PeerNetwork;
+use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
 use super::{Consensus, NodeId, TypeConfig};
 use crate::hub::Hub;
@@ -120,7 +121,8 @@ impl Consensus {
             source: spec.source,
             snapshot_chunks: hub.metrics.snapshot_chunks.clone(),
         };
-        let sm = StateMachine::open(dir, hub, options.snapshot_every, log.applied_index())
+        let snapshots = Arc::new(FileSnapshots::in_dir(dir));
+        let sm = StateMachine::open(snapshots, hub, options.snapshot_every, log.applied_index())
             .with_context(|| format!("open snapshot in {}", dir.display()))?;
         Consensus::start_with(spec, options, log, sm, network, system_clock()).await
     }

@@ -1,8 +1,7 @@
-//! The lock table as openraft's state machine, with snapshots on disk.
+//! The lock table as openraft's state machine; its snapshots go to a
+//! [`SnapshotStore`].
 
-use std::fs;
 use std::io::{self, Cursor};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -15,7 +14,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use super::log_store::write_atomically;
+use super::snapshot_store::{Meta, SnapshotStore};
 use super::{Node, NodeId, TypeConfig};
 use crate::hub::Hub;
 
@@ -31,7 +30,7 @@ pub(crate) struct Applied {
 pub(crate) struct Shared {
     applied: Mutex<Applied>,
     pub hub: Arc<Hub>,
-    snapshot_path: PathBuf,
+    snapshots: Arc<dyn SnapshotStore>,
     /// Commands applied since the last snapshot. Snapshots are triggered by
     /// commands, not log entries: one entry carries a whole batch, and the log
     /// kept in memory grows with the commands in it.
@@ -51,49 +50,8 @@ impl Shared {
     }
 }
 
-/// A snapshot on disk: `[meta length: u32][meta][table]`, bincode. Written in
-/// parts so the table's bytes are never copied into a second buffer.
-fn write_snapshot(path: &Path, meta: &SnapshotMeta<NodeId, Node>, table: &[u8]) -> io::Result<()> {
-    let meta = bincode::serialize(meta).map_err(io_err)?;
-    let len = u32::try_from(meta.len()).map_err(io_err)?.to_le_bytes();
-    write_atomically(path, &[&len, &meta, table])
-}
-
 /// A snapshot's meta and the table's bytes.
-type SnapshotParts = (SnapshotMeta<NodeId, Node>, Vec<u8>);
-
-fn read_snapshot(path: &Path) -> io::Result<Option<SnapshotParts>> {
-    let mut bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let corrupt = || io_err(format!("{} is not a snapshot", path.display()));
-    let len = bytes.get(..4).ok_or_else(corrupt)?;
-    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    let meta = bincode::deserialize(bytes.get(4..4 + len).ok_or_else(corrupt)?).map_err(io_err)?;
-    bytes.drain(..4 + len);
-    Ok(Some((meta, bytes)))
-}
-
-/// Reads a snapshot's table straight from the file, without holding its
-/// bytes in memory next to the table they decode to.
-fn load_snapshot(path: &Path) -> io::Result<Option<(SnapshotMeta<NodeId, Node>, LockTable)>> {
-    use std::io::Read;
-    let file = match fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let mut reader = io::BufReader::with_capacity(1 << 20, file);
-    let mut len = [0u8; 4];
-    reader.read_exact(&mut len)?;
-    let mut meta = vec![0u8; u32::from_le_bytes(len) as usize];
-    reader.read_exact(&mut meta)?;
-    let meta = bincode::deserialize(&meta).map_err(io_err)?;
-    let table = bincode::deserialize_from(&mut reader).map_err(io_err)?;
-    Ok(Some((meta, table)))
-}
+type SnapshotParts = (Meta, Vec<u8>);
 
 #[derive(Clone)]
 pub struct StateMachine {
@@ -109,15 +67,15 @@ fn any(e: io::Error) -> openraft::AnyError {
 }
 
 impl StateMachine {
-    /// Opens the state machine, restoring the last snapshot under `dir` if any.
+    /// Opens the state machine, restoring the last snapshot in `snapshots`
+    /// if there is one.
     pub fn open(
-        dir: &Path,
+        snapshots: Arc<dyn SnapshotStore>,
         hub: Arc<Hub>,
         snapshot_every: u64,
         applied_index: Arc<AtomicU64>,
     ) -> io::Result<StateMachine> {
-        let snapshot_path = dir.join("snapshot");
-        let applied = match load_snapshot(&snapshot_path)? {
+        let applied = match snapshots.load()? {
             Some((meta, table)) => Applied {
                 table,
                 last_applied: meta.last_log_id,
@@ -133,7 +91,7 @@ impl StateMachine {
             shared: Arc::new(Shared {
                 applied: Mutex::new(applied),
                 hub,
-                snapshot_path,
+                snapshots,
                 since_snapshot: AtomicU64::new(0),
                 snapshot_every: snapshot_every.max(1),
                 snapshot_requested: AtomicBool::new(false),
@@ -153,7 +111,7 @@ impl StateMachine {
 /// that never went back), where the serialized bytes are one buffer.
 pub struct Builder {
     parts: Option<io::Result<SnapshotParts>>,
-    path: PathBuf,
+    snapshots: Arc<dyn SnapshotStore>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Builder {
@@ -162,10 +120,10 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             .parts
             .take()
             .unwrap_or_else(|| Err(io_err("this snapshot was already built")));
-        let path = self.path.clone();
+        let snapshots = self.snapshots.clone();
         let result = tokio::task::spawn_blocking(move || -> io::Result<SnapshotParts> {
             let (meta, data) = parts?;
-            write_snapshot(&path, &meta, &data)?;
+            snapshots.save(&meta, &data)?;
             Ok((meta, data))
         })
         .await
@@ -259,7 +217,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             });
         Builder {
             parts: Some(parts),
-            path: self.shared.snapshot_path.clone(),
+            snapshots: self.shared.snapshots.clone(),
         }
     }
 
@@ -277,7 +235,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let data = snapshot.into_inner();
         let table: LockTable = bincode::deserialize(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), any(io_err(e))))?;
-        write_snapshot(&self.shared.snapshot_path, meta, &data)
+        self.shared
+            .snapshots
+            .save(meta, &data)
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), any(e)))?;
         let mut applied = self.shared.lock();
         applied.table = table;
@@ -292,7 +252,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        let file = read_snapshot(&self.shared.snapshot_path)
+        let file = self
+            .shared
+            .snapshots
+            .read()
             .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
         Ok(file.map(|(meta, data)| Snapshot {
             meta,
