@@ -2,15 +2,18 @@
 """Failover of a 3-node leaseholdd cluster on this machine.
 
 Starts three release `leaseholdd` nodes on free ports (temporary data dirs),
-keeps a holder of TTL 2 s renewing its lease every TTL/3 through whichever
-node leads, and `kill -9`s the leader N times (restarting it after each
-round). For each kill it reports the time from the kill to the first
-successful acquire at a client that follows `not_leader` hints and rotates
-past dead nodes, and whether the holder's lock survived. Stops exactly the
-processes it started.
+runs the `cycle` workload against the cluster (`leasehold bench`, 50 clients,
+all three endpoints), keeps a holder of TTL 2 s renewing its lease every
+TTL/3 through whichever node leads, and `kill -9`s the leader N times
+(restarting it after each round). For each kill it reports the time from the
+kill to the first successful acquire at a client that follows `not_leader`
+hints and rotates past dead nodes, and whether the holder's lock survived.
+Stops exactly the processes it started.
 
-    cargo build --release --bin leaseholdd
-    python3 bench/failover.py [--kills 10]
+    cargo build --release --bin leaseholdd --bin leasehold
+    python3 bench/failover.py [--kills 10] [--load-clients 50] [--json]
+
+`bench/compare.py` runs it too, for its failover table.
 """
 
 import argparse
@@ -29,6 +32,9 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "leaseholdd")
+CLI = os.path.join(ROOT, "target", "release", "leasehold")
+# Extra leaseholdd flags for every node, e.g. "--election-timeout 80ms".
+NODE_ARGS = os.environ.get("NODE_ARGS", "").split()
 
 
 def free_port():
@@ -61,7 +67,7 @@ class Cluster:
         log = open(os.path.join(self.workdir, f"node-{i + 1}.log"), "ab")
         self.procs[i] = subprocess.Popen(
             [BIN, "--node-id", str(i + 1), "--listen", self.addrs[i], "--peers", self.peers,
-             "--data-dir", os.path.join(self.workdir, f"d{i + 1}")],
+             "--data-dir", os.path.join(self.workdir, f"d{i + 1}"), *NODE_ARGS],
             stdout=log, stderr=log)
 
     def kill(self, i):
@@ -79,6 +85,15 @@ class Cluster:
             if h and h.get("leader"):
                 return i
         return None
+
+    def wait_leader(self, limit=10.0):
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            i = self.leader()
+            if i is not None:
+                return i
+            time.sleep(0.05)
+        raise SystemExit(f"no leader within {limit} s")
 
     def stop(self):
         for p in self.procs:
@@ -143,24 +158,29 @@ class Holder(threading.Thread):
                 time.sleep(0.05)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kills", type=int, default=10)
-    args = ap.parse_args()
-    if not os.path.exists(BIN):
-        raise SystemExit("build first: cargo build --release --bin leaseholdd")
+def run(kills=10, load_clients=50, log=print):
+    """Kills the leader `kills` times under a cycle load; the figures as a dict."""
+    for b in (BIN, CLI):
+        if not os.path.exists(b):
+            raise SystemExit("build first: cargo build --release --bin leaseholdd --bin leasehold")
     workdir = tempfile.mkdtemp(prefix="leasehold-failover-")
     cluster = Cluster(3, workdir)
+    load = None
     times, lost = [], 0
     try:
-        deadline = time.monotonic() + 20
-        while cluster.leader() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for k in range(args.kills):
+        cluster.wait_leader(20)
+        if load_clients:
+            endpoint = "http://" + ",".join(cluster.addrs)
+            load = subprocess.Popen(
+                [CLI, "--endpoint", endpoint, "bench", "--workload", "cycle", "--clients", str(load_clients),
+                 "--duration", f"{kills * 10 + 30}s"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+        for k in range(kills):
             holder = Holder(cluster, f"held-{k}")
             holder.start()
             time.sleep(1.0)
-            leader = cluster.leader()
+            leader = cluster.wait_leader()
             killed = time.monotonic()
             cluster.kill(leader)
             g = acquire_anywhere(cluster, f"probe-{k}", 5000, killed + 10)
@@ -171,14 +191,32 @@ def main():
             survived = holder.lost is None
             lost += 0 if survived else 1
             times.append(took if g else float("inf"))
-            print(f"kill {k + 1}: first acquire after {took * 1000:.0f} ms; TTL 2 s holder {'kept its lock' if survived else 'LOST: ' + holder.lost}")
+            log(f"kill {k + 1}: first acquire after {took * 1000:.0f} ms; TTL 2 s holder {'kept its lock' if survived else 'LOST: ' + holder.lost}")
             cluster.start(leader)
             time.sleep(1.0)
         ms = sorted(t * 1000 for t in times)
-        print(f"failover over {len(ms)} kills: p50 {statistics.median(ms):.0f} ms, max {ms[-1]:.0f} ms; locks lost: {lost}")
+        return {"kills": len(ms), "load_clients": load_clients, "p50_ms": statistics.median(ms),
+                "max_ms": ms[-1], "locks_lost": lost, "times_ms": ms}
     finally:
+        if load and load.poll() is None:
+            load.kill()
+            load.wait()
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--load-clients", type=int, default=50, help="cycle clients during the kills (0: none)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    r = run(args.kills, args.load_clients)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"failover over {r['kills']} kills under cycle x{r['load_clients']}: p50 {r['p50_ms']:.0f} ms, "
+              f"max {r['max_ms']:.0f} ms; locks lost: {r['locks_lost']}")
 
 
 if __name__ == "__main__":

@@ -161,6 +161,60 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
     assert!(r["fence"].as_u64().unwrap() > *fences.iter().max().unwrap());
 }
 
+/// A member that comes back deposes no one: the old leader, restarted after
+/// the group moved on without it (and the leader's retries to it backed
+/// off), rejoins as a follower, and the new leader keeps its term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_deposes_no_one() {
+    let _serial = serial().await;
+    let mut c = Cluster::start(3);
+    for round in 0..2 {
+        let old = c.wait_leader();
+        c.kill(old);
+        let leader = c.wait_leader();
+        let addr = c.nodes[leader].addr.clone();
+        let key = format!("k{round}");
+        let (s, r) = post(&addr, "/v1/acquire", json!({"key": key, "ttl_ms": 60_000})).await;
+        assert_eq!(s, 200, "{r}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let term = health(&addr)["term"].clone();
+        // Writes going on, as in production.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let (addr, stop) = (addr.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let http = reqwest::Client::new();
+                    let body = json!({"key": format!("busy{w}"), "ttl_ms": 5_000});
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = http
+                            .post(format!("http://{addr}/v1/acquire"))
+                            .json(&body)
+                            .send()
+                            .await;
+                    }
+                })
+            })
+            .collect();
+        c.restart(old);
+        let rejoined = c.nodes[old].addr.clone();
+        wait_until(Duration::from_secs(20), "the old leader to rejoin", || {
+            health(&rejoined)["leader_addr"] == json!(addr)
+        });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in writers {
+            let _ = w.await;
+        }
+        let h = health(&addr);
+        assert_eq!(
+            (h["role"].as_str(), &h["term"]),
+            (Some("leader"), &term),
+            "{h}"
+        );
+    }
+}
+
 /// A fourth node joins as a learner, catches up and becomes a voter; the
 /// old leader is removed and the group goes on; a change that would leave
 /// no quorum is refused.

@@ -150,6 +150,8 @@ impl Consensus {
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
             .await
             .context("start raft")?;
+        // Before the first tick (one and a half heartbeats away).
+        raft.runtime_config().elect(false);
         let (proposals, queue) = mpsc::channel(64 * MAX_BATCH);
         let consensus = Consensus {
             raft,
@@ -159,7 +161,13 @@ impl Consensus {
             proposals,
             id: spec.id,
         };
-        consensus.form_group(&spec).await?;
+        let rejoined = consensus.form_group(&spec).await?;
+        let hold_off = if rejoined {
+            (options.election_timeout.1 * 5).max(Duration::from_secs(1))
+        } else {
+            Duration::ZERO
+        };
+        tokio::spawn(consensus.clone().allow_elections(hold_off));
         tokio::spawn(
             consensus
                 .clone()
@@ -178,7 +186,8 @@ impl Consensus {
     }
 
     /// Initializes the group if this node is the one to (see the module doc).
-    async fn form_group(&self, spec: &NodeSpec) -> anyhow::Result<()> {
+    /// True if the data dir already held a group (a restart).
+    async fn form_group(&self, spec: &NodeSpec) -> anyhow::Result<bool> {
         // Asked first: openraft logs an error for an initialize it refuses,
         // and a restart is not an error.
         if self
@@ -188,12 +197,12 @@ impl Consensus {
             .context("read raft state")?
         {
             tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
-            return Ok(());
+            return Ok(true);
         }
         let lowest = spec.members.keys().next().copied();
         if lowest != Some(spec.id) {
             tracing::info!(id = spec.id, "new node: waiting for a leader to contact it");
-            return Ok(());
+            return Ok(false);
         }
         for (&id, addr) in spec.members.iter().filter(|(&id, _)| id != spec.id) {
             if super::peer::probe(addr)
@@ -205,7 +214,7 @@ impl Consensus {
                     peer = id,
                     "this node's data dir is empty but its peers already form a group: not initializing; the leader will bring it back"
                 );
-                return Ok(());
+                return Ok(false);
             }
         }
         let members: BTreeMap<NodeId, BasicNode> = spec
@@ -222,7 +231,30 @@ impl Consensus {
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
             Err(e) => return Err(e).context("initialize raft group"),
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Lets this node start elections after `hold_off` (at once if it is
+    /// the only voter).
+    ///
+    /// openraft 0.9 has no pre-vote: a node that campaigns raises its term
+    /// even when no one will vote for it, and the leader steps down when it
+    /// sees that term. A restarted member may not hear from the leader for a
+    /// while (the leader retries a peer it lost with a backoff of up to
+    /// 500 ms, and a node that led before it died first tries to lead again
+    /// in its old term), and campaigning then would depose a healthy leader
+    /// on every restart of a member. So a restarted node only follows for
+    /// `hold_off`; if a whole group restarted, someone campaigns after it.
+    async fn allow_elections(self, hold_off: Duration) {
+        let voters = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            m.membership_config.membership().voter_ids().count()
+        };
+        if voters > 1 && !hold_off.is_zero() {
+            tokio::time::sleep(hold_off).await;
+        }
+        self.raft.runtime_config().elect(true);
     }
 
     /// Takes a snapshot (and so lets the log be purged) every

@@ -308,7 +308,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         self.call(Rpc::Vote, &rpc, &option).await
     }
 
+    /// 100, 200, 400 ms, then every 500 ms: a restarted peer hears from the
+    /// leader within half a second (see `node::allow_elections`).
     fn backoff(&self) -> Backoff {
-        Backoff::new((0..).map(|i: u32| Duration::from_millis(100 << i.min(4))))
+        Backoff::new((0..).map(|i: u32| Duration::from_millis((100u64 << i.min(3)).min(500))))
     }
 }
