@@ -10,7 +10,14 @@ versions and date.
 
     python3 bench/compare.py            # 5 runs of 5 s per cell, interleaved
     RUNS=5 SECONDS=10 python3 bench/compare.py
-    python3 bench/compare.py --quick    # 1 run of 2 s, no 1M-lock hold
+    python3 bench/compare.py --quick    # 1 run of 2 s, no 1M-lock hold, 3 kills
+    STORES=leaseholdd,redis-always,leaseholdd-3,etcd-3 python3 bench/compare.py
+
+Stores: leaseholdd (one node), leaseholdd-3 (a 3-node cluster), redis-always,
+redis-none, postgres, etcd (one member), etcd-3 (a 3-member cluster); all on
+this machine, same disk, same cores. Then the failover workload
+(bench/failover.py): the leader of a 3-node leaseholdd killed KILLS times
+under the cycle load.
 
 Needs: redis-server, etcd, PostgreSQL binaries (/usr/lib/postgresql/*/bin),
 and a release build (the script runs `cargo build --release` first).
@@ -26,6 +33,7 @@ HOLD = int(os.environ.get("HOLD_LOCKS", 0 if QUICK else 1_000_000))
 KEEP_LOCKS = int(os.environ.get("KEEP_LOCKS", 1_000 if QUICK else 10_000))
 KEEP_TTL_S = 3 if QUICK else 10
 KEEP_SECS = 4 if QUICK else 10
+KILLS = int(os.environ.get("KILLS", 3 if QUICK else 10))
 LEASEHOLD = os.path.join(ROOT, "target/release/leasehold")
 LEASEHOLDD = os.path.join(ROOT, "target/release/leaseholdd")
 started = []
@@ -127,6 +135,32 @@ def start_etcd():
     return f"etcd://127.0.0.1:{port}", p.pid
 
 
+def start_etcd_cluster(n=3):
+    ports = [(free_port(), free_port()) for _ in range(n)]
+    initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    for i, (port, peer) in enumerate(ports):
+        spawn(f"etcd-m{i}", ["etcd", "--name", f"m{i}", "--data-dir", os.path.join(tmp, f"etcd-m{i}"),
+                             "--listen-client-urls", f"http://127.0.0.1:{port}", "--advertise-client-urls", f"http://127.0.0.1:{port}",
+                             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-cluster", initial, "--initial-cluster-state", "new"])
+    for port, _ in ports:
+        wait("etcd member", lambda: b"true" in urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read())
+    return "etcd://" + ",".join(f"127.0.0.1:{port}" for port, _ in ports), None
+
+
+def start_leaseholdd_cluster(n=3):
+    addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+    peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(addrs))
+    for i, a in enumerate(addrs):
+        spawn(f"leaseholdd-node{i + 1}", [LEASEHOLDD, "--node-id", str(i + 1), "--listen", a, "--peers", peers,
+                                          "--data-dir", os.path.join(tmp, f"leasehold-node{i + 1}")])
+
+    def leads():
+        return any(b'"leader":true' in urllib.request.urlopen(f"http://{a}/health", timeout=1).read() for a in addrs)
+    wait("a leaseholdd leader", leads)
+    return "http://" + ",".join(addrs), None
+
+
 def start_leaseholdd(data=None, port=None):
     port = port or free_port()
     data = data or os.path.join(tmp, "leasehold-data")
@@ -159,13 +193,17 @@ def median_of(runs):
 def main():
     subprocess.run(["cargo", "build", "--release", "--bin", "leasehold", "--bin", "leaseholdd"], cwd=ROOT, check=True)
     lh_url, lh_proc, lh_data, lh_port = start_leaseholdd()
-    stores = [
-        ("leaseholdd", (lh_url, lh_proc.pid)),
-        ("redis (appendfsync always)", start_redis(True)),
-        ("redis (no persistence)", start_redis(False)),
-        ("postgres", start_postgres()),
-        ("etcd", start_etcd()),
+    starters = [
+        ("leaseholdd", "leaseholdd", lambda: (lh_url, lh_proc.pid)),
+        ("leaseholdd-3", "leaseholdd (3 nodes)", start_leaseholdd_cluster),
+        ("redis-always", "redis (appendfsync always)", lambda: start_redis(True)),
+        ("redis-none", "redis (no persistence)", lambda: start_redis(False)),
+        ("postgres", "postgres", start_postgres),
+        ("etcd", "etcd", start_etcd),
+        ("etcd-3", "etcd (3 members)", start_etcd_cluster),
     ]
+    wanted = os.environ.get("STORES", "").split(",") if os.environ.get("STORES") else [k for k, _, _ in starters]
+    stores = [(name, start()) for key, name, start in starters if key in wanted or key == "leaseholdd"]
     pids = {name: pid for name, (_, pid) in stores}
     stores = [(name, url) for name, (url, _) in stores]
     cells = [("cycle", 50), ("cycle", 1), ("contended", 50)]
@@ -181,6 +219,8 @@ def main():
 
     keep = {}
     for name, url in stores:
+        if pids[name] is None:
+            continue  # a cluster: its CPU is spread over processes the figure does not sum
         print(f"{name}: keep {KEEP_LOCKS} locks for {KEEP_SECS} s ...", flush=True)
         keep[name] = bench(url, "keep", 50, ["--keys", str(KEEP_LOCKS), "--ttl", f"{KEEP_TTL_S}s",
                                              "--server-pid", str(pids[name])], seconds=KEEP_SECS)
@@ -203,7 +243,17 @@ def main():
         rss = open(f"/proc/{lh_proc.pid}/status").read().split("VmRSS:")[1].split()[0]
         hold["rss_after_restart_bytes"] = int(rss) * 1024
 
-    write_results(stores, cells, results, hold, keep)
+    failover = {}
+    if KILLS:
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        import failover as fo
+        print(f"leaseholdd (3 nodes): failover, {KILLS} leader kills under cycle x50 ...", flush=True)
+        try:
+            failover = fo.run(KILLS, 50, log=lambda line: print("  " + line, flush=True))
+        except (Exception, SystemExit) as e:
+            failover = {"error": str(e)}
+
+    write_results(stores, cells, results, hold, keep, failover)
 
 
 def fmt_keep(r, base):
@@ -222,7 +272,36 @@ def fmt_cell(r, base):
     return f"{r['ops_per_sec']:,.0f}/s, p50 {r['latency_ms']['p50']:.2f} ms, p99 {r['latency_ms']['p99']:.2f} ms ({ratio:.2f}x)"
 
 
-def write_results(stores, cells, results, hold, keep):
+def fmt_failover(r):
+    if not r:
+        return []
+    if "error" in r:
+        return [f"failover: error: {r['error'][:200]}"]
+    return ["", f"failover (3-node leaseholdd, `bench/failover.py`): the leader `kill -9`ed {r['kills']} times under the "
+            f"`cycle` load of {r['load_clients']} clients; from each kill to the first successful acquire at a client: "
+            f"p50 {r['p50_ms']:.0f} ms, max {r['max_ms']:.0f} ms; locks lost by a TTL 2 s holder renewing through "
+            f"each failover: {r['locks_lost']} of {r['kills']}."]
+
+
+def fmt_cluster_targets(stores, results):
+    """The cluster's ratios: 3-node leaseholdd against 3-node etcd and Redis fsync-always."""
+    names = [n for n, _ in stores]
+    lines = []
+    for w, c in (("cycle", 50), ("cycle", 1)):
+        lh = results.get(("leaseholdd (3 nodes)", w, c))
+        if not lh or "error" in lh:
+            continue
+        parts = []
+        for other in ("etcd (3 members)", "redis (appendfsync always)", "leaseholdd"):
+            r = results.get((other, w, c))
+            if other in names and r and "error" not in r and r["ops_per_sec"]:
+                parts.append(f"{lh['ops_per_sec'] / r['ops_per_sec']:.2f}x {other}")
+        if parts:
+            lines.append(f"3-node leaseholdd, {w} x{c}: " + ", ".join(parts) + ".")
+    return ([""] + lines) if lines else []
+
+
+def write_results(stores, cells, results, hold, keep, failover):
     lines = []
     head = "| store | " + " | ".join(f"{w} x{c}" for w, c in cells) + " |"
     lines += [head, "|" + "---|" * (len(cells) + 1)]
@@ -231,10 +310,13 @@ def write_results(stores, cells, results, hold, keep):
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines += ["", f"Keeping {KEEP_LOCKS:,} locks held (50 clients, TTL {KEEP_TTL_S} s, renewed the way each "
               f"backend's client renews) for {KEEP_SECS} s: the server's CPU over that time, as a share of one core "
-              "(processes below the server's pid included), and locks lost.", "",
+              "(processes below the server's pid included), and locks lost. Single servers only: a cluster's CPU is spread over "
+              "its nodes.", "",
               "| store | server CPU | vs leaseholdd | locks lost |", "|---|---|---|---|"]
     for name, _ in stores:
-        lines.append(f"| {name} " + fmt_keep(keep.get(name, {"error": "not run"}), keep.get("leaseholdd")))
+        if name in keep:
+            lines.append(f"| {name} " + fmt_keep(keep[name], keep.get("leaseholdd")))
+    lines += fmt_cluster_targets(stores, results) + fmt_failover(failover)
     spread = max((r.get("spread_pct", 0) for r in results.values() if "error" not in r), default=0)
     table = "\n".join(lines)
     print("\n" + table)
@@ -266,7 +348,7 @@ def write_results(stores, cells, results, hold, keep):
             f.write("\n" + open(notes).read())
     with open(os.path.join(ROOT, "bench", "results.json"), "w") as f:
         json.dump({"info": info, "cells": {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}, "hold": hold,
-                   "keep": keep}, f, indent=1)
+                   "keep": keep, "failover": failover}, f, indent=1)
     print(f"\nwrote {out}")
 
 
