@@ -87,8 +87,12 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
     let _serial = serial().await;
-    // Snapshots often, so the wiped node needs one.
-    let mut c = Cluster::start_with(3, &["--snapshot-every", "50"]);
+    // Snapshots often, so the wiped node needs one, sent in many small
+    // chunks that it must put back together.
+    let mut c = Cluster::start_with(
+        3,
+        &["--snapshot-every", "50", "--snapshot-chunk-bytes", "1024"],
+    );
     let leader = leader_addr(&c);
     let follower = (0..3).find(|&i| c.nodes[i].addr != leader).unwrap();
     c.kill(follower);
@@ -116,12 +120,20 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
     let wiped = (0..3)
         .find(|&i| c.nodes[i].addr != leader && i != follower)
         .unwrap();
+    let term = health(&leader)["term"].clone();
     c.wipe(wiped);
     let addr = c.nodes[wiped].addr.clone();
     wait_until(
         Duration::from_secs(20),
         "the wiped follower to be rebuilt",
         || applied(&addr) >= target,
+    );
+    // By the leader it had before, which took its emptied log in its stride.
+    let h = health(&leader);
+    assert_eq!(
+        (h["role"].as_str(), &h["term"]),
+        (Some("leader"), &term),
+        "{h}"
     );
     // From a snapshot: the log it needed was purged.
     let metrics = http_get(&leader, "/metrics").unwrap_or_default();
@@ -130,7 +142,10 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
         .find_map(|l| l.strip_prefix("leasehold_raft_snapshot_chunks_sent_total "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
-    assert!(chunks >= 1, "no snapshot was sent:\n{metrics}");
+    assert!(
+        chunks >= 4,
+        "the snapshot was not sent in chunks:\n{metrics}"
+    );
     let commit: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("leasehold_raft_commit_index "))

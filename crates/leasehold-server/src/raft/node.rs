@@ -39,6 +39,8 @@ use crate::hub::Hub;
 pub struct RaftOptions {
     /// Take a snapshot after this many applied commands since the last one.
     pub snapshot_every: u64,
+    /// A snapshot is sent to a peer in chunks of at most this many bytes.
+    pub snapshot_chunk_bytes: u64,
     /// The leader's heartbeat to followers.
     pub heartbeat: Duration,
     /// A follower that hears no leader for a random time in this range
@@ -51,6 +53,7 @@ impl Default for RaftOptions {
     fn default() -> Self {
         RaftOptions {
             snapshot_every: 100_000,
+            snapshot_chunk_bytes: 3 * 1024 * 1024,
             heartbeat: Duration::from_millis(50),
             election_timeout: (Duration::from_millis(100), Duration::from_millis(200)),
         }
@@ -99,6 +102,7 @@ fn raft_config(options: &RaftOptions) -> anyhow::Result<Arc<Config>> {
         // A 3 MiB snapshot chunk over loopback or a LAN, with room for a
         // loaded machine.
         install_snapshot_timeout: 2_000,
+        snapshot_max_chunk_size: options.snapshot_chunk_bytes,
         ..Default::default()
     };
     Ok(Arc::new(config.validate().context("validate raft config")?))
