@@ -208,6 +208,15 @@ impl Consensus {
             .await
             .map_err(|e| self.change_error(e))?;
         tracing::info!(id, "added a voter");
+        // The leader restarts replication on a membership change; the status
+        // answered shows the new voter's progress once it is known again.
+        let mut metrics = self.raft.metrics();
+        let known = metrics.wait_for(|m| {
+            m.replication
+                .as_ref()
+                .is_some_and(|r| r.get(&id).is_some_and(Option::is_some))
+        });
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), known).await;
         Ok(self.cluster_status())
     }
 
