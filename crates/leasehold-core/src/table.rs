@@ -1184,13 +1184,23 @@ impl LockTable {
             .map(|(k, l)| self.view_lock(k, l, now))
     }
 
-    /// Locks whose key starts with `prefix`, in key order, at most `limit`.
-    pub fn locks(&self, prefix: &str, limit: usize, now: Time) -> Vec<LockView> {
+    /// Locks whose key starts with `prefix`, in key order, after the key
+    /// `start_after` if one is given (a cursor: the last key of the page
+    /// before), at most `limit`.
+    pub fn locks(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+        now: Time,
+    ) -> Vec<LockView> {
+        use std::ops::Bound;
+        let from = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after),
+            _ => Bound::Included(prefix),
+        };
         self.locks
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
+            .range::<str, _>((from, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(limit)
             .map(|(k, l)| self.view_lock(k, l, now))
@@ -1202,10 +1212,12 @@ impl LockTable {
         self.leases.get(&id).map(|l| view_lease(id, l, now))
     }
 
-    /// Leases in id order, at most `limit`.
-    pub fn leases(&self, limit: usize, now: Time) -> Vec<LeaseView> {
+    /// Leases in id order, after the id `start_after` (a cursor: the last id
+    /// of the page before; 0 for the first page), at most `limit`.
+    pub fn leases(&self, start_after: LeaseId, limit: usize, now: Time) -> Vec<LeaseView> {
+        use std::ops::Bound;
         self.leases
-            .iter()
+            .range((Bound::Excluded(start_after), Bound::Unbounded))
             .take(limit)
             .map(|(id, l)| view_lease(*id, l, now))
             .collect()

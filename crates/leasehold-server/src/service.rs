@@ -18,6 +18,25 @@ use crate::raft::{Consensus, ConsensusError};
 /// Lists return at most this many items.
 pub const MAX_LIST: usize = 10_000;
 
+/// One page of a list, and where the next one starts (`None`: this was the
+/// last). Pass `next` back as `start_after` for the next page.
+#[derive(Debug)]
+pub struct Page<T, C> {
+    /// The items, in order.
+    pub items: Vec<T>,
+    /// The cursor for the next page, if there are more items.
+    pub next: Option<C>,
+}
+
+/// A list's page size: 0 is the maximum, and nothing above it.
+fn page_limit(limit: usize) -> usize {
+    if limit == 0 {
+        MAX_LIST
+    } else {
+        limit.min(MAX_LIST)
+    }
+}
+
 /// Why an operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
@@ -347,18 +366,36 @@ impl LockService {
         Ok(self.consensus.read(|t, now| t.lock(key, now)).await?)
     }
 
-    /// Locks under a prefix.
-    pub async fn locks(&self, prefix: &str, limit: usize) -> Result<Vec<LockView>, ApiError> {
+    /// Locks under a prefix, in key order, after the key `start_after`; and
+    /// the cursor for the next page (the last key), if there are more.
+    pub async fn locks(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<LockView, String>, ApiError> {
         validate_prefix(prefix)?;
-        let limit = if limit == 0 {
-            MAX_LIST
-        } else {
-            limit.min(MAX_LIST)
-        };
-        Ok(self
+        let start_after = start_after.filter(|a| !a.is_empty());
+        if let Some(after) = start_after.filter(|a| a.len() > limits::MAX_KEY_LEN) {
+            return Err(ApiError::invalid(
+                "start_after",
+                format!(
+                    "is {} bytes; the limit is {}",
+                    after.len(),
+                    limits::MAX_KEY_LEN
+                ),
+            ));
+        }
+        let limit = page_limit(limit);
+        let mut items = self
             .consensus
-            .read(|t, now| t.locks(prefix, limit, now))
-            .await?)
+            .read(|t, now| t.locks(prefix, start_after, limit + 1, now))
+            .await?;
+        let next = (items.len() > limit).then(|| {
+            items.truncate(limit);
+            items.last().map(|l| l.key.clone()).unwrap_or_default()
+        });
+        Ok(Page { items, next })
     }
 
     /// One live lease; the same error as a keepalive for one that is not.
@@ -369,14 +406,23 @@ impl LockService {
             .await??)
     }
 
-    /// Leases in id order.
-    pub async fn leases(&self, limit: usize) -> Result<Vec<LeaseView>, ApiError> {
-        let limit = if limit == 0 {
-            MAX_LIST
-        } else {
-            limit.min(MAX_LIST)
-        };
-        Ok(self.consensus.read(|t, now| t.leases(limit, now)).await?)
+    /// Leases in id order, after the id `start_after` (0: from the first);
+    /// and the cursor for the next page (the last id), if there are more.
+    pub async fn leases(
+        &self,
+        start_after: LeaseId,
+        limit: usize,
+    ) -> Result<Page<LeaseView, LeaseId>, ApiError> {
+        let limit = page_limit(limit);
+        let mut items = self
+            .consensus
+            .read(|t, now| t.leases(start_after, limit + 1, now))
+            .await?;
+        let next = (items.len() > limit).then(|| {
+            items.truncate(limit);
+            items.last().map_or(0, |l| l.lease)
+        });
+        Ok(Page { items, next })
     }
 
     /// Lock events from now on, for keys under `prefix`.

@@ -206,10 +206,23 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
             "lease_not_found",
         ),
         (
+            "list after a huge key",
+            c.list_locks(pb::ListLocksRequest {
+                prefix: String::new(),
+                limit: 1,
+                start_after: "k".repeat(600),
+            })
+            .await
+            .map(drop),
+            Code::InvalidArgument,
+            "invalid_argument",
+        ),
+        (
             "list with a huge prefix",
             c.list_locks(pb::ListLocksRequest {
                 prefix: "p".repeat(600),
                 limit: 1,
+                start_after: String::new(),
             })
             .await
             .map(drop),

@@ -72,6 +72,7 @@ async fn acknowledged_grants_survive(server: &mut Leaseholdd, round: &str) {
         .list_locks(pb::ListLocksRequest {
             prefix: format!("{round}/"),
             limit: 0,
+            start_after: String::new(),
         })
         .await
         .unwrap()

@@ -152,9 +152,17 @@ impl Leasehold for Grpc {
         request: Request<pb::ListLocksRequest>,
     ) -> Result<Response<pb::ListLocksResponse>, Status> {
         let r = request.into_inner();
-        let locks = self.service.locks(&r.prefix, r.limit as usize).await?;
+        let page = self
+            .service
+            .locks(&r.prefix, Some(r.start_after.as_str()), r.limit as usize)
+            .await?;
         Ok(Response::new(pb::ListLocksResponse {
-            locks: locks.into_iter().map(|v| lock_info("", Some(v))).collect(),
+            locks: page
+                .items
+                .into_iter()
+                .map(|v| lock_info("", Some(v)))
+                .collect(),
+            next_start_after: page.next,
         }))
     }
 
@@ -170,12 +178,11 @@ impl Leasehold for Grpc {
         &self,
         request: Request<pb::ListLeasesRequest>,
     ) -> Result<Response<pb::ListLeasesResponse>, Status> {
-        let leases = self
-            .service
-            .leases(request.into_inner().limit as usize)
-            .await?;
+        let r = request.into_inner();
+        let page = self.service.leases(r.start_after, r.limit as usize).await?;
         Ok(Response::new(pb::ListLeasesResponse {
-            leases: leases.into_iter().map(lease_info).collect(),
+            leases: page.items.into_iter().map(lease_info).collect(),
+            next_start_after: page.next,
         }))
     }
 

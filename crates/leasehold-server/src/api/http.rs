@@ -34,7 +34,7 @@ use axum::{async_trait, Json, Router};
 use base64::Engine;
 use bytes::Bytes;
 use futures::Stream;
-use leasehold_core::LockView;
+use leasehold_core::{LeaseId, LockView};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -194,16 +194,21 @@ async fn grant(State(s): State<LockService>, Body(b): Body<GrantBody>) -> Result
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct LimitQuery {
+struct LeasesQuery {
     #[serde(default)]
     limit: usize,
+    #[serde(default)]
+    start_after: LeaseId,
 }
 
 async fn list_leases(
     State(s): State<LockService>,
-    Query(q): Query<LimitQuery>,
+    Query(q): Query<LeasesQuery>,
 ) -> Result<Json<Value>> {
-    Ok(Json(json!({ "leases": s.leases(q.limit).await? })))
+    let page = s.leases(q.start_after, q.limit).await?;
+    Ok(Json(
+        json!({ "leases": page.items, "next_start_after": page.next }),
+    ))
 }
 
 async fn describe_lease(State(s): State<LockService>, Param(id): Param) -> Result<Json<Value>> {
@@ -371,13 +376,20 @@ struct ListQuery {
     prefix: String,
     #[serde(default)]
     limit: usize,
+    #[serde(default)]
+    start_after: String,
 }
 
 async fn list_locks(
     State(s): State<LockService>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>> {
-    Ok(Json(json!({ "locks": s.locks(&q.prefix, q.limit).await? })))
+    let page = s
+        .locks(&q.prefix, Some(q.start_after.as_str()), q.limit)
+        .await?;
+    Ok(Json(
+        json!({ "locks": page.items, "next_start_after": page.next }),
+    ))
 }
 
 async fn describe_lock(State(s): State<LockService>, Param(key): Param) -> Result<Json<Value>> {

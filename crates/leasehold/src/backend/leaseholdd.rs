@@ -432,6 +432,7 @@ impl Backend for Leaseholdd {
         let request = pb::ListLocksRequest {
             prefix: prefix.to_string(),
             limit: 0,
+            start_after: String::new(),
         };
         let call = |mut rpc: LeaseholdClient<Channel>| {
             let request = request.clone();
