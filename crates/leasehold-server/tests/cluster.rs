@@ -128,13 +128,25 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
         "the wiped follower to be rebuilt",
         || applied(&addr) >= target,
     );
-    // By the leader it had before, which took its emptied log in its stride.
+    // By the leader it had before, which took its emptied log in its stride
+    // and still serves (a leader whose raft core stopped would keep
+    // answering health with what it last knew).
     let h = health(&leader);
     assert_eq!(
         (h["role"].as_str(), &h["term"]),
         (Some("leader"), &term),
         "{h}"
     );
+    let (s, r) = post(
+        &leader,
+        "/v1/acquire",
+        json!({"key": "after-wipe", "ttl_ms": 600_000}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let release = json!({"key": "after-wipe", "fence": r["fence"]});
+    let (s, r) = post(&leader, "/v1/release", release).await;
+    assert_eq!(s, 200, "{r}");
     // From a snapshot: the log it needed was purged.
     let metrics = http_get(&leader, "/metrics").unwrap_or_default();
     let chunks: u64 = metrics

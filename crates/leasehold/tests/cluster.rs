@@ -416,6 +416,19 @@ async fn a_wiped_follower_is_rebuilt_after_snapshots_under_load() {
         (&before["role"], &before["term"]),
         "{after}"
     );
+    // And it still serves: a leader whose raft core stopped would keep
+    // answering health with what it last knew.
+    let client = Client::connect(&format!("http://{leader_addr}"))
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.acquire("after-wipe", opts(5_000)),
+    )
+    .await
+    .expect("the leader answers")
+    .expect("the leader grants");
+    lease.release().await.unwrap();
     let metrics = leasehold_testkit::http_get(&follower_addr, "/metrics").unwrap_or_default();
     assert!(
         metrics.contains(&format!("leasehold_locks_held {}", held.len())),
