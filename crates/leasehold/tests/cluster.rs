@@ -410,6 +410,11 @@ async fn a_wiped_follower_is_rebuilt_after_snapshots_under_load() {
         "the wiped follower rebuilt",
         || json(&follower_addr)["last_applied"].as_u64().unwrap_or(0) >= target,
     );
+    let metrics = leasehold_testkit::http_get(&follower_addr, "/metrics").unwrap_or_default();
+    assert!(
+        metrics.contains(&format!("leasehold_locks_held {}", held.len())),
+        "the rebuilt follower holds every lock:\n{metrics}"
+    );
     let after = json(&leader_addr);
     assert_eq!(
         (&after["role"], &after["term"]),
@@ -429,9 +434,4 @@ async fn a_wiped_follower_is_rebuilt_after_snapshots_under_load() {
     .expect("the leader answers")
     .expect("the leader grants");
     lease.release().await.unwrap();
-    let metrics = leasehold_testkit::http_get(&follower_addr, "/metrics").unwrap_or_default();
-    assert!(
-        metrics.contains(&format!("leasehold_locks_held {}", held.len())),
-        "the rebuilt follower holds every lock:\n{metrics}"
-    );
 }
