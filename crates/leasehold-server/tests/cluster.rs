@@ -38,6 +38,14 @@ async fn get(addr: &str, path: &str) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// An unlabelled metric's value in OpenMetrics text; 0 if it is not there.
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn leader_addr(c: &Cluster) -> String {
     c.nodes[c.wait_leader()].addr.clone()
 }
@@ -149,20 +157,12 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
     assert_eq!(s, 200, "{r}");
     // From a snapshot: the log it needed was purged.
     let metrics = http_get(&leader, "/metrics").unwrap_or_default();
-    let chunks: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("leasehold_raft_snapshot_chunks_sent_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+    let chunks = metric(&metrics, "leasehold_raft_snapshot_chunks_sent_total");
     assert!(
         chunks >= 4,
         "the snapshot was not sent in chunks:\n{metrics}"
     );
-    let commit: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("leasehold_raft_commit_index "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+    let commit = metric(&metrics, "leasehold_raft_commit_index");
     assert!(commit >= target, "commit index {commit} below {target}");
 
     for i in 0..3 {
