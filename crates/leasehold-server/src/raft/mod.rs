@@ -11,7 +11,8 @@
 //!   snapshot store, peer network, clock) and the one-time initialization of a group.
 //! - [`leadership`]: the leader's clock and following this node's role.
 //! - `batch`: proposals gathered into log entries (group commit).
-//! - [`peer`]: Raft's RPCs between nodes over gRPC, both ends.
+//! - [`peer`]: Raft's RPCs between nodes, both ends, over a [`Transport`]
+//!   (gRPC between processes).
 //! - `cluster`: membership: status, add, remove.
 //! - `log_store`: the log on disk, its segments indexed by entry range.
 //! - `state_machine`: the lock table as the state machine.
@@ -39,6 +40,7 @@ pub use cluster::{ClusterStatus, MemberStatus};
 pub use leadership::{Clock, SystemClock};
 pub use log_store::LogStore;
 pub use node::{NodeSpec, RaftOptions};
+pub use peer::{GrpcTransport, PeerCall, Transport, TransportError};
 pub use snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use state_machine::Shared;
 pub use state_machine::StateMachine;
@@ -101,6 +103,8 @@ pub struct Consensus {
     /// Set while this node leads; the stamp of every proposal comes from it.
     leader: Arc<Mutex<Option<leadership::LeaderClock>>>,
     proposals: mpsc::Sender<batch::Proposal>,
+    /// Carries this node's calls to its peers (probes; openraft holds its own handle).
+    transport: Arc<dyn peer::Transport>,
     id: NodeId,
 }
 

@@ -1,9 +1,9 @@
 //! Starting a node: from injected parts, and forming a group exactly once.
 //!
 //! A node is built from its id and address, the voters of a new group, a log
-//! store, the lock table's state machine, a peer network and a clock
+//! store, the lock table's state machine, a transport to its peers and a clock
 //! ([`Consensus::start_with`]); [`Consensus::start`] supplies the real ones
-//! (segment log and snapshot under the data dir, gRPC peers, the system's
+//! (segment log and snapshot under the data dir, gRPC to peers, the system's
 //! monotonic clock), a simulation its own.
 //!
 //! Forming a group: a node whose log is empty initializes the group only if
@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use openraft::error::{InitializeError, RaftError};
-use openraft::network::RaftNetworkFactory;
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, Raft, SnapshotPolicy};
 use tokio::sync::mpsc;
@@ -28,7 +27,7 @@ use tokio::sync::mpsc;
 use super::batch::MAX_BATCH;
 use super::leadership::{system_clock, Clock};
 use super::log_store::LogStore;
-use super::peer::PeerNetwork;
+use super::peer::{GrpcTransport, PeerNetwork, Transport};
 use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
 use super::{Consensus, NodeId, TypeConfig};
@@ -121,28 +120,24 @@ impl Consensus {
             .with_context(|| format!("create data dir {}", dir.display()))?;
         let log =
             LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
-        let network = PeerNetwork {
-            source: spec.source,
-            snapshot_chunks: hub.metrics.snapshot_chunks.clone(),
-        };
+        let transport = Arc::new(GrpcTransport::from_source(spec.source));
         let snapshots = Arc::new(FileSnapshots::in_dir(dir));
         let sm = StateMachine::open(snapshots, hub, options.snapshot_every, log.applied_index())
             .with_context(|| format!("open snapshot in {}", dir.display()))?;
-        Consensus::start_with(spec, options, log, sm, network, system_clock()).await
+        Consensus::start_with(spec, options, log, sm, transport, system_clock()).await
     }
 
     /// Starts a node from its parts.
-    pub async fn start_with<LS, N>(
+    pub async fn start_with<LS>(
         spec: NodeSpec,
         options: RaftOptions,
         log: LS,
         sm: StateMachine,
-        network: N,
+        transport: Arc<dyn Transport>,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Consensus>
     where
         LS: RaftLogStorage<TypeConfig>,
-        N: RaftNetworkFactory<TypeConfig>,
     {
         anyhow::ensure!(
             spec.members.contains_key(&spec.id),
@@ -151,6 +146,10 @@ impl Consensus {
             spec.members.keys().collect::<Vec<_>>()
         );
         let shared = sm.shared.clone();
+        let network = PeerNetwork {
+            transport: transport.clone(),
+            snapshot_chunks: shared.hub.metrics.snapshot_chunks.clone(),
+        };
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
             .await
             .context("start raft")?;
@@ -163,6 +162,7 @@ impl Consensus {
             clock,
             leader: Arc::new(Mutex::new(None)),
             proposals,
+            transport,
             id: spec.id,
         };
         let rejoined = consensus.form_group(&spec).await?;
@@ -209,10 +209,7 @@ impl Consensus {
             return Ok(false);
         }
         for (&id, addr) in spec.members.iter().filter(|(&id, _)| id != spec.id) {
-            if super::peer::probe(addr)
-                .await
-                .is_some_and(|p| p.initialized)
-            {
+            if self.probe(addr).await.is_some_and(|p| p.initialized) {
                 tracing::warn!(
                     id = spec.id,
                     peer = id,

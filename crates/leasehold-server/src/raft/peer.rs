@@ -1,19 +1,25 @@
-//! Raft between nodes: the `leasehold.raft.v1.RaftPeer` gRPC service
-//! (`proto/raft.proto`) on each node's one port, and the client that calls it.
+//! Raft between nodes: the calls, encoded once, and the [`Transport`] that
+//! carries them: the `leasehold.raft.v1.RaftPeer` gRPC service
+//! (`proto/raft.proto`) on each node's one port between processes
+//! ([`GrpcTransport`]), or a simulated network inside one process.
 //!
 //! Each call carries one openraft request or response, bincode-encoded
 //! (every node of a cluster runs the same build). Snapshots go in chunks of
 //! at most 3 MiB (openraft's `snapshot_max_chunk_size`), so a snapshot of a
 //! million held locks crosses as a few dozen calls. A call is cut off at the
 //! soft deadline openraft gives it; a peer that cannot be connected to is
-//! reported unreachable, and openraft backs off from it (100 ms, doubling to
-//! 1.6 s). A node that listens on a specific address makes its connections to
-//! peers from that address too, so a peer (or a fault-injecting proxy in
-//! front of it) can tell the nodes apart by their source address.
+//! reported unreachable, and openraft backs off from it (100, 200, 400 ms,
+//! then every 500 ms). A node that listens on a specific address makes its
+//! connections to peers from that address too, so a peer (or a
+//! fault-injecting proxy in front of it) can tell the nodes apart by their
+//! source address.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
 use leasehold_proto::raft::raft_peer_server::{RaftPeer, RaftPeerServer};
 use leasehold_proto::raft::PeerMessage;
@@ -39,6 +45,8 @@ use super::{Consensus, Node, NodeId, TypeConfig};
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 /// Time to connect to a peer.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn codec() -> impl bincode::Options {
     use bincode::Options;
@@ -47,22 +55,54 @@ fn codec() -> impl bincode::Options {
         .with_limit(MAX_MESSAGE as u64)
 }
 
-/// Statuses, as tonic's handlers return them.
-#[allow(clippy::result_large_err)]
-fn encode<T: Serialize>(value: &T) -> Result<PeerMessage, Status> {
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
     use bincode::Options;
-    codec()
-        .serialize(value)
-        .map(|bincode| PeerMessage { bincode })
-        .map_err(|e| Status::internal(format!("encode: {e}")))
+    codec().serialize(value).map_err(|e| format!("encode: {e}"))
 }
 
-#[allow(clippy::result_large_err)]
-fn decode<T: DeserializeOwned>(message: &PeerMessage) -> Result<T, Status> {
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     use bincode::Options;
     codec()
-        .deserialize(&message.bincode)
-        .map_err(|e| Status::invalid_argument(format!("not a raft message: {e}")))
+        .deserialize(bytes)
+        .map_err(|e| format!("not a raft message: {e}"))
+}
+
+/// A call from one node to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerCall {
+    /// Raft's append-entries (and heartbeat).
+    Append,
+    /// Raft's request for a vote.
+    Vote,
+    /// One chunk of a snapshot.
+    Snapshot,
+    /// What a node says of itself ([`ProbeReply`]), asked while forming a
+    /// group and before a membership change.
+    Probe,
+}
+
+/// How a call to a peer failed before an answer came back.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// The peer could not be reached; the call was not delivered.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// Delivered or not, no answer came back.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Carries encoded calls to peers. Between processes this is gRPC
+/// ([`GrpcTransport`]); a simulation carries them over its own network.
+pub trait Transport: Send + Sync + 'static {
+    /// Sends `payload` as `call` to the node at `addr` and returns its
+    /// answer, encoded. The caller bounds how long it waits.
+    fn call(
+        &self,
+        addr: &str,
+        call: PeerCall,
+        payload: Vec<u8>,
+    ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>>;
 }
 
 /// What a node says of itself to a peer forming a group.
@@ -76,19 +116,71 @@ pub struct ProbeReply {
     pub leader: Option<NodeId>,
 }
 
-/// The server end, over this node's Raft.
-pub struct PeerService {
-    raft: Raft<TypeConfig>,
-}
-
 impl Consensus {
-    /// The peer service to serve beside the client API.
+    /// Answers a call from a peer: the encoded answer, or why the call
+    /// could not be served. Every transport's server end calls this.
+    pub async fn serve_peer(&self, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
+        serve(&self.raft, call, payload).await
+    }
+
+    /// The gRPC peer service to serve beside the client API.
     pub fn peer_service(&self) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {
             raft: self.raft.clone(),
         })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    /// Asks the node at `addr` about itself; `None` if it does not answer soon.
+    pub(super) async fn probe(&self, addr: &str) -> Option<ProbeReply> {
+        let call = self.transport.call(addr, PeerCall::Probe, Vec::new());
+        let reply = tokio::time::timeout(PROBE_TIMEOUT, call).await.ok()?.ok()?;
+        decode(&reply).ok()
+    }
+}
+
+async fn serve(raft: &Raft<TypeConfig>, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
+    match call {
+        PeerCall::Append => {
+            let rpc: AppendEntriesRequest<TypeConfig> = decode(payload)?;
+            encode(&raft.append_entries(rpc).await)
+        }
+        PeerCall::Vote => {
+            let rpc: VoteRequest<NodeId> = decode(payload)?;
+            encode(&raft.vote(rpc).await)
+        }
+        PeerCall::Snapshot => {
+            let rpc: InstallSnapshotRequest<TypeConfig> = decode(payload)?;
+            encode(&raft.install_snapshot(rpc).await)
+        }
+        PeerCall::Probe => {
+            let initialized = raft.is_initialized().await.map_err(|e| e.to_string())?;
+            let m = raft.metrics().borrow().clone();
+            encode(&ProbeReply {
+                initialized,
+                term: m.current_term,
+                leader: m.current_leader,
+            })
+        }
+    }
+}
+
+/// The gRPC server end, over this node's Raft.
+pub struct PeerService {
+    raft: Raft<TypeConfig>,
+}
+
+impl PeerService {
+    async fn answer(
+        &self,
+        call: PeerCall,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        match serve(&self.raft, call, &request.get_ref().bincode).await {
+            Ok(bincode) => Ok(Response::new(PeerMessage { bincode })),
+            Err(e) => Err(Status::invalid_argument(e)),
+        }
     }
 }
 
@@ -98,36 +190,22 @@ impl RaftPeer for PeerService {
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
-        encode(&self.raft.append_entries(rpc).await).map(Response::new)
+        self.answer(PeerCall::Append, request).await
     }
 
     async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
-        let rpc: VoteRequest<NodeId> = decode(request.get_ref())?;
-        encode(&self.raft.vote(rpc).await).map(Response::new)
+        self.answer(PeerCall::Vote, request).await
     }
 
     async fn install_snapshot(
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
-        let rpc: InstallSnapshotRequest<TypeConfig> = decode(request.get_ref())?;
-        encode(&self.raft.install_snapshot(rpc).await).map(Response::new)
+        self.answer(PeerCall::Snapshot, request).await
     }
 
-    async fn probe(&self, _request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
-        let initialized = self
-            .raft
-            .is_initialized()
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        let m = self.raft.metrics().borrow().clone();
-        encode(&ProbeReply {
-            initialized,
-            term: m.current_term,
-            leader: m.current_leader,
-        })
-        .map(Response::new)
+    async fn probe(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::Probe, request).await
     }
 }
 
@@ -160,28 +238,73 @@ fn channel(addr: &str, source: Option<IpAddr>) -> Option<Channel> {
     Some(endpoint.connect_with_connector_lazy(connect))
 }
 
-fn client(channel: Channel) -> RaftPeerClient<Channel> {
-    RaftPeerClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE)
-}
-
-/// Asks the node at `addr` about itself; `None` if it does not answer soon.
-pub(super) async fn probe(addr: &str) -> Option<ProbeReply> {
-    let mut c = client(channel(addr, None)?);
-    let call = c.probe(PeerMessage::default());
-    let reply = tokio::time::timeout(Duration::from_secs(1), call)
-        .await
-        .ok()?
-        .ok()?;
-    decode(reply.get_ref()).ok()
-}
-
-/// The client end: one per peer, made by openraft as it needs them.
-#[derive(Clone, Default)]
-pub struct PeerNetwork {
+/// gRPC to each peer's `RaftPeer` service, one lazily connected channel per
+/// address.
+#[derive(Default)]
+pub struct GrpcTransport {
     /// The local address connections are made from (`None`: any).
     pub source: Option<IpAddr>,
+    channels: Mutex<HashMap<String, Option<Channel>>>,
+}
+
+impl GrpcTransport {
+    /// Connects from `source` (`None`: any local address).
+    pub fn from_source(source: Option<IpAddr>) -> GrpcTransport {
+        GrpcTransport {
+            source,
+            channels: Mutex::default(),
+        }
+    }
+
+    fn client(&self, addr: &str) -> Option<RaftPeerClient<Channel>> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let channel = channels
+            .entry(addr.to_string())
+            .or_insert_with(|| channel(addr, self.source))
+            .clone()?;
+        Some(
+            RaftPeerClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+    }
+}
+
+impl Transport for GrpcTransport {
+    fn call(
+        &self,
+        addr: &str,
+        call: PeerCall,
+        payload: Vec<u8>,
+    ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>> {
+        let client = self.client(addr);
+        Box::pin(async move {
+            let Some(mut client) = client else {
+                return Err(TransportError::Unreachable("not an address".into()));
+            };
+            let message = PeerMessage { bincode: payload };
+            let reply = match call {
+                PeerCall::Append => client.append_entries(message).await,
+                PeerCall::Vote => client.vote(message).await,
+                PeerCall::Snapshot => client.install_snapshot(message).await,
+                PeerCall::Probe => client.probe(message).await,
+            };
+            match reply {
+                Ok(reply) => Ok(reply.into_inner().bincode),
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    Err(TransportError::Unreachable(status.message().to_string()))
+                }
+                Err(status) => Err(TransportError::Failed(status.message().to_string())),
+            }
+        })
+    }
+}
+
+/// openraft's view of the peers: one [`PeerClient`] per peer, made as it
+/// needs them, all over one transport.
+#[derive(Clone)]
+pub(super) struct PeerNetwork {
+    pub transport: Arc<dyn Transport>,
     /// Counts the snapshot chunks sent (a metric).
     pub snapshot_chunks: Counter,
 }
@@ -193,18 +316,17 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerClient {
             target,
             addr: node.addr.clone(),
-            client: channel(&node.addr, self.source).map(client),
+            transport: self.transport.clone(),
             snapshot_chunks: self.snapshot_chunks.clone(),
         }
     }
 }
 
 /// Calls one peer.
-pub struct PeerClient {
+pub(super) struct PeerClient {
     target: NodeId,
     addr: String,
-    /// `None` if the address is not one (the peer is then unreachable).
-    client: Option<RaftPeerClient<Channel>>,
+    transport: Arc<dyn Transport>,
     snapshot_chunks: Counter,
 }
 
@@ -216,17 +338,10 @@ struct PeerError {
     message: String,
 }
 
-#[derive(Clone, Copy)]
-enum Rpc {
-    Append,
-    Vote,
-    Snapshot,
-}
-
 impl PeerClient {
     async fn call<Req, Resp, E>(
         &mut self,
-        rpc: Rpc,
+        call: PeerCall,
         request: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
@@ -240,41 +355,18 @@ impl PeerClient {
             addr: self.addr.clone(),
             message,
         };
-        let Some(client) = self.client.as_mut() else {
-            return Err(RPCError::Unreachable(Unreachable::new(&error(
-                "not an address".into(),
-            ))));
+        let network = |message: String| RPCError::Network(NetworkError::new(&error(message)));
+        let payload = encode(request).map_err(network)?;
+        let sent = self.transport.call(&self.addr, call, payload);
+        let reply = match tokio::time::timeout(option.soft_ttl(), sent).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(TransportError::Unreachable(message))) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&error(message))))
+            }
+            Ok(Err(TransportError::Failed(message))) => return Err(network(message)),
+            Err(_) => return Err(network(format!("no answer within {:?}", option.soft_ttl()))),
         };
-        let message = encode(request)
-            .map_err(|s| RPCError::Network(NetworkError::new(&error(s.message().to_string()))))?;
-        let call = async {
-            match rpc {
-                Rpc::Append => client.append_entries(message).await,
-                Rpc::Vote => client.vote(message).await,
-                Rpc::Snapshot => client.install_snapshot(message).await,
-            }
-        };
-        let reply = match tokio::time::timeout(option.soft_ttl(), call).await {
-            Ok(Ok(reply)) => reply.into_inner(),
-            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
-                return Err(RPCError::Unreachable(Unreachable::new(&error(
-                    status.message().to_string(),
-                ))))
-            }
-            Ok(Err(status)) => {
-                return Err(RPCError::Network(NetworkError::new(&error(
-                    status.message().to_string(),
-                ))))
-            }
-            Err(_) => {
-                return Err(RPCError::Network(NetworkError::new(&error(format!(
-                    "no answer within {:?}",
-                    option.soft_ttl()
-                )))))
-            }
-        };
-        let answer: Result<Resp, RaftError<NodeId, E>> = decode(&reply)
-            .map_err(|s| RPCError::Network(NetworkError::new(&error(s.message().to_string()))))?;
+        let answer: Result<Resp, RaftError<NodeId, E>> = decode(&reply).map_err(network)?;
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -285,7 +377,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(Rpc::Append, &rpc, &option).await
+        self.call(PeerCall::Append, &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -297,7 +389,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
     > {
         self.snapshot_chunks.inc();
-        self.call(Rpc::Snapshot, &rpc, &option).await
+        self.call(PeerCall::Snapshot, &rpc, &option).await
     }
 
     async fn vote(
@@ -305,7 +397,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(Rpc::Vote, &rpc, &option).await
+        self.call(PeerCall::Vote, &rpc, &option).await
     }
 
     /// 100, 200, 400 ms, then every 500 ms: a restarted peer hears from the
