@@ -154,7 +154,8 @@ impl Consensus {
         &self.shared.hub
     }
 
-    /// Waits until this node's role may have changed.
+    /// Waits until this node's role may have changed; never returns once
+    /// the Raft node has stopped (its role cannot change again).
     pub async fn role_changed(&self) {
         let mut metrics = self.raft.metrics();
         // A clone of openraft's receiver carries the version that receiver
@@ -162,7 +163,24 @@ impl Consensus {
         // seen, `changed` answers at once and the caller spins (a follower's
         // expiry driver took half a core).
         metrics.borrow_and_update();
-        let _ = metrics.changed().await;
+        if metrics.changed().await.is_err() {
+            // Stopped: answering at once would spin every caller's loop.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Waits until the Raft node stops, and says why.
+    pub async fn stopped(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            let state = metrics.borrow_and_update().running_state.clone();
+            if let Err(fatal) = state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the raft core is gone".into();
+            }
+        }
     }
 
     /// The index of the last applied log entry.
@@ -180,5 +198,34 @@ impl Consensus {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stopped_node_says_so_and_its_role_waits_forever() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let consensus = Consensus::start(
+            dir.path(),
+            NodeSpec::single("127.0.0.1:1"),
+            Arc::new(Hub::default()),
+            RaftOptions::default(),
+        )
+        .await
+        .expect("start");
+        consensus.shutdown().await;
+        let why = tokio::time::timeout(Duration::from_secs(5), consensus.stopped())
+            .await
+            .expect("stopped answers once the node has stopped");
+        assert!(!why.is_empty());
+        // Answering at once would make every loop over it spin.
+        let changed = tokio::time::timeout(Duration::from_millis(200), consensus.role_changed());
+        assert!(changed.await.is_err());
     }
 }
