@@ -80,17 +80,33 @@ pub async fn run(
     let app = crate::api::router(service.clone());
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "serving gRPC, HTTP and frames");
     let (signal_tx, signal_rx) = watch::channel(false);
+    let signal_tx = std::sync::Arc::new(signal_tx);
+    let signal = signal_tx.clone();
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down");
-        let _ = signal_tx.send(true);
+        let _ = signal.send(true);
     });
 
     let gate = Gate::new(config.limits.max_connections);
     let mut connections = JoinSet::new();
     let mut stopping = signal_rx.clone();
+    // openraft stops a node's Raft on an internal error it cannot recover
+    // from (0.9 can, in a race between a deposed leader's replication to a
+    // returning member and its next snapshot for it). The process then
+    // serves nothing useful: exit, so its supervisor restarts it, and it
+    // rejoins from its data dir.
+    let raft_stopped = consensus.stopped();
+    tokio::pin!(raft_stopped);
+    let mut failed = None;
     loop {
         tokio::select! {
+            why = &mut raft_stopped => {
+                tracing::error!(%why, "raft stopped: exiting so the node is restarted");
+                failed = Some(why);
+                let _ = signal_tx.send(true);
+                break;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     // At the cap the stream is dropped here: closed at once.
@@ -128,7 +144,10 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let _ = driver.await;
     consensus.shutdown().await;
-    Ok(())
+    match failed {
+        Some(why) => anyhow::bail!("raft stopped: {why}"),
+        None => Ok(()),
+    }
 }
 
 /// Resolves once the shutdown signal is up (at once if it already is).
