@@ -109,10 +109,22 @@ pub struct AcquireArgs {
     pub request_id: RequestId,
 }
 
+/// A bug planted on purpose, for a simulation to show that its checker
+/// catches it (feature `planted-bugs`; never on unless a caller plants it).
+#[cfg(feature = "planted-bugs")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlantedBug {
+    /// Release ignores the token it is given and releases whoever holds the
+    /// key now: the blind delete.
+    BlindRelease,
+}
+
 /// The operations, over a running consensus node.
 #[derive(Clone)]
 pub struct LockService {
     consensus: Consensus,
+    #[cfg(feature = "planted-bugs")]
+    planted: Option<PlantedBug>,
 }
 
 fn unexpected(response: Response) -> ApiError {
@@ -122,7 +134,18 @@ fn unexpected(response: Response) -> ApiError {
 impl LockService {
     /// Serves operations from `consensus`.
     pub fn new(consensus: Consensus) -> Self {
-        LockService { consensus }
+        LockService {
+            consensus,
+            #[cfg(feature = "planted-bugs")]
+            planted: None,
+        }
+    }
+
+    /// This service with `bug` planted in it.
+    #[cfg(feature = "planted-bugs")]
+    pub fn plant(mut self, bug: PlantedBug) -> Self {
+        self.planted = Some(bug);
+        self
     }
 
     /// The node underneath.
@@ -324,6 +347,15 @@ impl LockService {
     ) -> Result<(), ApiError> {
         self.measured("release", async move {
             limits::validate_key(&key)?;
+            #[cfg(feature = "planted-bugs")]
+            let fence = match self.planted {
+                Some(PlantedBug::BlindRelease) => self
+                    .consensus
+                    .read_local(|t| t.lock(&key, 0))
+                    .and_then(|l| l.holder)
+                    .map_or(fence, |h| h.fence),
+                None => fence,
+            };
             match self
                 .propose(Command::Release {
                     key,

@@ -132,7 +132,28 @@ pub struct Keeper {
 
 impl Keeper {
     /// Starts renewing a lease acquired by a request sent at `sent_at`.
-    pub fn spawn<F, Fut>(ttl: Duration, sent_at: Instant, mut renew: F) -> Keeper
+    pub fn spawn<F, Fut>(ttl: Duration, sent_at: Instant, renew: F) -> Keeper
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), RenewError>> + Send,
+    {
+        Keeper::start(ttl, sent_at, renew, false)
+    }
+
+    /// A keeper with a bug planted on purpose (feature `planted-bugs`), for
+    /// a simulation to show its checker catches it: each renewal's deadline
+    /// counts from when its answer came back, not from when it was sent.
+    /// Pass the grant's answer time as `sent_at` to plant it there too.
+    #[cfg(feature = "planted-bugs")]
+    pub fn spawn_counting_from_reply<F, Fut>(ttl: Duration, sent_at: Instant, renew: F) -> Keeper
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), RenewError>> + Send,
+    {
+        Keeper::start(ttl, sent_at, renew, true)
+    }
+
+    fn start<F, Fut>(ttl: Duration, sent_at: Instant, mut renew: F, from_reply: bool) -> Keeper
     where
         F: FnMut() -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), RenewError>> + Send,
@@ -158,6 +179,7 @@ impl Keeper {
                 // Not cancelled by `stop`: a release waits for this to finish.
                 match tokio::time::timeout_at(live.deadline(), renew()).await {
                     Ok(Ok(())) => {
+                        let sent = if from_reply { Instant::now() } else { sent };
                         live.set_deadline(sent + ttl - margin);
                         next = sent + ttl / 3;
                     }

@@ -1,0 +1,213 @@
+//! The checker: what must hold of every history, faults or not.
+//!
+//! Per run (fences are one sequence for the whole deployment):
+//! - **unique fences**: no token is granted twice;
+//! - **fences follow real time**: a grant whose acquire was first sent after
+//!   another grant was received carries a higher token (so no acknowledged
+//!   grant is lost across a crash: a lost one would let its token, or a
+//!   lower one, be granted again);
+//! - **the resource**: the gate never admits a token lower than one it
+//!   admitted before for that resource;
+//! - **exclusion**: per key, the intervals in which clients believe they hold
+//!   it (grant received to the earliest of deadline, release sent and loss
+//!   noticed) never overlap. Client clocks drift within
+//!   [`MAX_DRIFT`](crate::MAX_DRIFT), which the client's margin on its
+//!   deadline covers, so no slack is given here;
+//! - **no panic** in any host;
+//! - **progress**: once the faults heal, some call succeeds within
+//!   [`HEAL_BOUND`]; the longest time without any successful call is
+//!   reported.
+
+use std::collections::BTreeMap;
+
+use crate::history::{Event, Micros, Record};
+
+/// After the last fault heals, a call must succeed within this long.
+pub const HEAL_BOUND: Micros = 10_000_000;
+
+/// What a run broke, and how available it was.
+#[derive(Debug, Clone, Default)]
+pub struct Verdict {
+    /// Each broken property, one line each.
+    pub violations: Vec<String>,
+    /// The longest stretch without a successful call.
+    pub longest_unavailable: Micros,
+}
+
+struct Hold {
+    client: usize,
+    fence: u64,
+    from: Micros,
+    until: Micros,
+}
+
+/// Checks `records`; `healed` is when the last fault ended.
+pub fn check(records: &[Record], healed: Micros) -> Verdict {
+    let mut violations = Vec::new();
+    fences(records, &mut violations);
+    resource(records, &mut violations);
+    exclusion(records, &mut violations);
+    for r in records {
+        if let Event::Panic { message } = &r.event {
+            violations.push(format!("a host panicked at {} µs: {message}", r.at));
+        }
+    }
+    let longest_unavailable = progress(records, healed, &mut violations);
+    Verdict {
+        violations,
+        longest_unavailable,
+    }
+}
+
+fn fences(records: &[Record], violations: &mut Vec<String>) {
+    // (received, sent, fence, client, key), in the order received.
+    let grants: Vec<(Micros, Micros, u64, usize, &str)> = records
+        .iter()
+        .filter_map(|r| match &r.event {
+            Event::Granted {
+                client,
+                key,
+                fence,
+                sent,
+                ..
+            } => Some((r.at, *sent, *fence, *client, key.as_str())),
+            _ => None,
+        })
+        .collect();
+    let mut seen: BTreeMap<u64, (usize, &str)> = BTreeMap::new();
+    for &(at, _, fence, client, key) in &grants {
+        if let Some((c, k)) = seen.insert(fence, (client, key)) {
+            violations.push(format!(
+                "fence {fence} granted twice: to client {c} for {k:?}, and at {at} µs to client {client} for {key:?}"
+            ));
+        }
+    }
+    // The highest fence received up to each point, for the real-time order.
+    let mut highest = Vec::with_capacity(grants.len());
+    let mut max = (0u64, 0usize);
+    for (i, g) in grants.iter().enumerate() {
+        if g.2 > max.0 {
+            max = (g.2, i);
+        }
+        highest.push(max);
+    }
+    for &(at, sent, fence, client, key) in &grants {
+        // Grants received strictly before this acquire was sent.
+        let before = grants.partition_point(|g| g.0 < sent);
+        if before == 0 {
+            continue;
+        }
+        let (top, i) = highest[before - 1];
+        if top >= fence {
+            let earlier = grants[i];
+            violations.push(format!(
+                "fence went back: client {client} sent for {key:?} at {sent} µs and got fence {fence} at {at} µs, but fence {top} had been granted to client {} for {:?} at {} µs",
+                earlier.3, earlier.4, earlier.0
+            ));
+        }
+    }
+}
+
+fn resource(records: &[Record], violations: &mut Vec<String>) {
+    let mut highest: BTreeMap<&str, u64> = BTreeMap::new();
+    for r in records {
+        if let Event::Wrote {
+            client,
+            key,
+            fence,
+            admitted: true,
+        } = &r.event
+        {
+            let top = highest.entry(key).or_default();
+            if *fence < *top {
+                violations.push(format!(
+                    "the resource {key:?} admitted fence {fence} from client {client} at {} µs after fence {top}",
+                    r.at
+                ));
+            }
+            *top = (*top).max(*fence);
+        }
+    }
+}
+
+fn exclusion(records: &[Record], violations: &mut Vec<String>) {
+    let end = records.last().map_or(0, |r| r.at);
+    let mut open: BTreeMap<(usize, &str, u64), Micros> = BTreeMap::new();
+    let mut holds: BTreeMap<&str, Vec<Hold>> = BTreeMap::new();
+    for r in records {
+        match &r.event {
+            Event::Granted {
+                client, key, fence, ..
+            } => {
+                open.insert((*client, key, *fence), r.at);
+            }
+            Event::HoldEnded {
+                client,
+                key,
+                fence,
+                until,
+                ..
+            } => {
+                if let Some(from) = open.remove(&(*client, key.as_str(), *fence)) {
+                    holds.entry(key).or_default().push(Hold {
+                        client: *client,
+                        fence: *fence,
+                        from,
+                        until: *until,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((client, key, fence), from) in open {
+        holds.entry(key).or_default().push(Hold {
+            client,
+            fence,
+            from,
+            until: end,
+        });
+    }
+    for (key, mut list) in holds {
+        list.retain(|h| h.until > h.from);
+        list.sort_by_key(|h| (h.from, h.until));
+        let mut latest: Option<&Hold> = None;
+        for h in &list {
+            if let Some(prev) = latest {
+                if h.from < prev.until {
+                    violations.push(format!(
+                        "two holders of {key:?}: client {} (fence {}) believed it held from {} to {} µs, client {} (fence {}) from {} µs",
+                        prev.client, prev.fence, prev.from, prev.until, h.client, h.fence, h.from
+                    ));
+                }
+            }
+            if latest.is_none_or(|p| h.until > p.until) {
+                latest = Some(h);
+            }
+        }
+    }
+}
+
+fn progress(records: &[Record], healed: Micros, violations: &mut Vec<String>) -> Micros {
+    let oks: Vec<Micros> = records
+        .iter()
+        .filter(|r| matches!(&r.event, Event::Answer { code, .. } if code == "ok"))
+        .map(|r| r.at)
+        .collect();
+    let mut longest = oks.first().copied().unwrap_or(0);
+    for w in oks.windows(2) {
+        longest = longest.max(w[1] - w[0]);
+    }
+    match oks.iter().find(|&&t| t >= healed) {
+        Some(&t) if t - healed <= HEAL_BOUND => {}
+        Some(&t) => violations.push(format!(
+            "no call succeeded for {} ms after the faults healed at {} µs",
+            (t - healed) / 1000,
+            healed
+        )),
+        None => violations.push(format!(
+            "no call succeeded after the faults healed at {healed} µs"
+        )),
+    }
+    longest
+}

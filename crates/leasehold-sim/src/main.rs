@@ -1,0 +1,118 @@
+//! `leasehold-sim`: runs seeds and prints what the checker found.
+//!
+//! ```text
+//! cargo run -p leasehold-sim --release -- --seeds 10000
+//! cargo run -p leasehold-sim --release -- --seed 42 --history
+//! cargo run -p leasehold-sim --release -- --seeds 200 --bug blind-release
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use leasehold_sim::{run, Bug, Config};
+
+#[derive(Parser)]
+#[command(about = "Deterministic simulation of leaseholdd clusters under faults")]
+struct Args {
+    /// Run this one seed.
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// Run this many seeds, from --first.
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// The first seed of a sweep.
+    #[arg(long, default_value_t = 0)]
+    first: u64,
+    /// Voters: 3 or 5.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Client hosts.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Seconds of faults before everything heals.
+    #[arg(long, default_value_t = 12)]
+    faulty_secs: u64,
+    /// Plant a bug: ack-before-fsync, blind-release, deadline-from-reply.
+    #[arg(long)]
+    bug: Option<Bug>,
+    /// Print the whole history of a single seed.
+    #[arg(long)]
+    history: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    let config = |seed| Config {
+        seed,
+        nodes: args.nodes,
+        clients: args.clients,
+        faulty: Duration::from_secs(args.faulty_secs),
+        bug: args.bug,
+    };
+    let seeds: Vec<u64> = match args.seed {
+        Some(seed) => vec![seed],
+        None => (args.first..args.first + args.seeds).collect(),
+    };
+    let started = Instant::now();
+    let (mut ops, mut failed, mut longest, mut lost) = (0u64, Vec::new(), (0u64, 0u64), 0u64);
+    let mut exits = Vec::new();
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (i, &seed) in seeds.iter().enumerate() {
+        if i > 0 && i % 1000 == 0 {
+            eprintln!(
+                "{i} seeds, {} failing, {:.0} s",
+                failed.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let report = run(&config(seed));
+        if args.history {
+            for r in &report.history {
+                println!("{r}");
+            }
+        }
+        ops += report.operations;
+        lost += report.lost_entries;
+        if report.exits > 0 {
+            exits.push(seed);
+        }
+        for (kind, n) in &report.faults {
+            *faults.entry(kind).or_default() += n;
+        }
+        if report.verdict.longest_unavailable > longest.0 {
+            longest = (report.verdict.longest_unavailable, seed);
+        }
+        if !report.passed() {
+            println!(
+                "seed {seed}: {} violation(s)",
+                report.verdict.violations.len()
+            );
+            for v in report.verdict.violations.iter().take(5) {
+                println!("  {v}");
+            }
+            println!("  replay: {}", report.config.replay_command());
+            failed.push(seed);
+        }
+    }
+    println!(
+        "seeds {}  operations {ops}  violations in {} seed(s)  longest unavailability {} ms (seed {})  in {:.1} s",
+        seeds.len(),
+        failed.len(),
+        longest.0 / 1000,
+        longest.1,
+        started.elapsed().as_secs_f64()
+    );
+    let kinds: Vec<String> = faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    println!("faults injected: {}", kinds.join(", "));
+    println!("unsynced log entries lost to crashes: {lost}");
+    println!(
+        "seeds in which a node's raft stopped and the node was restarted: {} {:?}",
+        exits.len(),
+        &exits[..exits.len().min(20)]
+    );
+    if !failed.is_empty() {
+        println!("failing seeds: {failed:?}");
+        std::process::exit(1);
+    }
+}

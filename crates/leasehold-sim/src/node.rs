@@ -1,0 +1,229 @@
+//! A leaseholdd node as a host of the world: the real consensus, lock table,
+//! expiry driver and lock service, over the simulated disk, network and
+//! clock.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use leasehold_server::hub::Hub;
+use leasehold_server::raft::{
+    Clock, Consensus, MemorySnapshots, NodeId, NodeSpec, RaftOptions, StateMachine,
+};
+use leasehold_server::service::{LockService, PlantedBug};
+
+use crate::disk::{Disk, SimLog};
+use crate::net::{ClientAnswer, ClientCall, Envelope, Net, SimTransport};
+
+/// The address of node `id` on the simulated network (host:port, as the
+/// membership API wants one).
+pub fn addr(id: NodeId) -> String {
+    format!("n{id}:7419")
+}
+
+/// The host's own clock: its runtime's time, which the world advances at
+/// the host's drifting rate.
+pub struct HostClock {
+    origin: tokio::time::Instant,
+}
+
+impl HostClock {
+    /// A clock starting now (call inside the host's runtime).
+    pub fn start() -> HostClock {
+        HostClock {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for HostClock {
+    fn elapsed(&self) -> Duration {
+        tokio::time::Instant::now().saturating_duration_since(self.origin)
+    }
+}
+
+/// The nodes that are up, for the nemesis to find the leader.
+#[derive(Clone, Default)]
+pub struct Registry(Arc<Mutex<BTreeMap<NodeId, Consensus>>>);
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Consensus>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets a node that died.
+    pub fn remove(&self, id: NodeId) {
+        self.lock().remove(&id);
+    }
+
+    /// The node that leads in the highest term, as the nodes see it, and
+    /// that term.
+    pub fn leader(&self) -> Option<(NodeId, u64)> {
+        self.lock()
+            .values()
+            .map(|c| c.cluster_status())
+            .filter(|s| s.role == "leader")
+            .max_by_key(|s| s.term)
+            .map(|s| (s.id, s.term))
+    }
+
+    /// Node `id`, if it is up.
+    pub fn get(&self, id: NodeId) -> Option<Consensus> {
+        self.lock().get(&id).cloned()
+    }
+
+    /// Whether the leader counts `id` among its voters.
+    pub fn is_voter(&self, id: NodeId) -> bool {
+        let leader = self.leader().and_then(|(l, _)| self.get(l));
+        leader.is_some_and(|c| {
+            c.cluster_status()
+                .members
+                .iter()
+                .any(|m| m.id == id && m.voter)
+        })
+    }
+
+    /// Node `id`'s view: role, term and last applied index.
+    pub fn status(&self, id: NodeId) -> Option<(&'static str, u64, u64)> {
+        self.lock()
+            .get(&id)
+            .map(|c| c.cluster_status())
+            .map(|s| (s.role, s.term, s.last_applied))
+    }
+}
+
+/// What a node keeps across crashes, and how it is built.
+#[derive(Clone)]
+pub struct NodeParts {
+    /// Its id.
+    pub id: NodeId,
+    /// The initial voters.
+    pub members: Vec<NodeId>,
+    /// Its log's disk.
+    pub disk: Arc<Disk>,
+    /// Its snapshot.
+    pub snapshots: MemorySnapshots,
+    /// Raft's timing for it.
+    pub options: RaftOptions,
+    /// How long a sync of its log takes.
+    pub sync_time: Duration,
+    /// Its log acknowledges appends before they are synced.
+    pub ack_before_sync: bool,
+    /// A bug planted in its lock service.
+    pub planted: Option<PlantedBug>,
+    /// The network.
+    pub net: Net,
+    /// Where it says it is up.
+    pub registry: Registry,
+}
+
+impl NodeParts {
+    /// Runs the node until its host dies, its inbox closes, or its Raft
+    /// stops (an error: the world restarts the node).
+    pub async fn run(self) -> anyhow::Result<()> {
+        let me = addr(self.id);
+        // Open for peers at once: a peer's probe waits in the inbox until
+        // the node is up.
+        let mut inbox = self.net.listen(&me);
+        let spec = NodeSpec {
+            id: self.id,
+            addr: me.clone(),
+            members: self
+                .members
+                .iter()
+                .map(|&id| (id, addr(id)))
+                .collect::<BTreeMap<_, _>>(),
+            source: None,
+        };
+        let hub = Arc::new(Hub::default());
+        let log = SimLog::open(self.disk.clone(), self.sync_time, self.ack_before_sync);
+        let sm = StateMachine::open(
+            Arc::new(self.snapshots.clone()),
+            hub,
+            self.options.snapshot_every,
+            Arc::new(AtomicU64::new(0)),
+        )?;
+        let transport = Arc::new(SimTransport {
+            from: me.clone(),
+            net: self.net.clone(),
+        });
+        let consensus = Consensus::start_with(
+            spec,
+            self.options.clone(),
+            log,
+            sm,
+            transport,
+            Arc::new(HostClock::start()),
+        )
+        .await?;
+        self.registry.lock().insert(self.id, consensus.clone());
+        tokio::spawn(leasehold_server::expiry::run(
+            consensus.clone(),
+            futures::future::pending(),
+        ));
+        let mut service = LockService::new(consensus.clone());
+        if let Some(bug) = self.planted {
+            service = service.plant(bug);
+        }
+        // As leaseholdd does: a node whose Raft stopped exits, and its
+        // supervisor (the world) starts it again.
+        let stopped = consensus.stopped();
+        tokio::pin!(stopped);
+        loop {
+            let envelope = tokio::select! {
+                why = &mut stopped => {
+                    self.registry.remove(self.id);
+                    self.net.close(&me);
+                    anyhow::bail!("raft stopped: {why}");
+                }
+                envelope = inbox.recv() => envelope,
+            };
+            let Some(envelope) = envelope else {
+                return Ok(());
+            };
+            let net = self.net.clone();
+            match envelope {
+                Envelope::Peer { id, call, payload } => {
+                    let consensus = consensus.clone();
+                    tokio::spawn(async move {
+                        net.answer_peer(id, consensus.serve_peer(call, &payload).await);
+                    });
+                }
+                Envelope::Client { id, call } => {
+                    let service = service.clone();
+                    tokio::spawn(async move {
+                        net.answer_client(id, serve(&service, call).await);
+                    });
+                }
+            }
+        }
+    }
+}
+
+async fn serve(
+    service: &LockService,
+    call: ClientCall,
+) -> Result<ClientAnswer, leasehold_server::service::ApiError> {
+    match call {
+        ClientCall::Grant {
+            ttl_ms,
+            holder,
+            request_id,
+        } => service
+            .grant(ttl_ms, holder, request_id)
+            .await
+            .map(|(lease, _)| ClientAnswer::Lease(lease)),
+        ClientCall::KeepAlive(lease) => service.keep_alive(lease).await.map(|_| ClientAnswer::Done),
+        ClientCall::Acquire(args) => service.acquire(args).await.map(ClientAnswer::Granted),
+        ClientCall::Release {
+            key,
+            fence,
+            request_id,
+        } => service
+            .release(key, fence, request_id)
+            .await
+            .map(|()| ClientAnswer::Done),
+        ClientCall::Revoke(lease) => service.revoke(lease).await.map(|_| ClientAnswer::Done),
+    }
+}
