@@ -396,6 +396,11 @@ impl LockTable {
         self.locks.values().filter(|l| l.holder.is_some()).count()
     }
 
+    /// Number of acquires waiting in a key's queue.
+    pub fn waiter_count(&self) -> usize {
+        self.locks.values().map(|l| l.waiters().len()).sum()
+    }
+
     /// The earliest time at which something is due (a lease expiry, a wait
     /// timeout, the end of a lock-delay), so the leader knows when to tick.
     pub fn next_deadline(&self) -> Option<Time> {

@@ -11,6 +11,9 @@
 //! | `leasehold_connections_refused_total` | counter | connections closed at once because the cap was reached |
 //! | `leasehold_leases` | gauge | live leases |
 //! | `leasehold_locks_held` | gauge | held locks |
+//! | `leasehold_waiters` | gauge | acquires waiting in a key's queue |
+//! | `leasehold_wait_seconds` | histogram | on the node that served it: how long an acquire that waited in the queue waited for its grant |
+//! | `leasehold_log_fsync_seconds` | histogram | time of each fsync of the Raft log (one per group-committed batch) |
 //! | `leasehold_fence_next` | gauge | the token the next grant gets |
 //! | `leasehold_raft_applied_index` | gauge | last applied log index |
 //! | `leasehold_table_time_seconds` | gauge | the lock table's clock |
@@ -56,6 +59,16 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
 }
 
+fn wait_histogram() -> Histogram {
+    // 1 ms to ~9 min: waits are bounded by the caller's wait, up to hours.
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
+fn fsync_histogram() -> Histogram {
+    // 25 µs to ~0.8 s.
+    Histogram::new(exponential_buckets(0.000_025, 2.0, 16))
+}
+
 /// Every metric the server exports; cheap to update from any task.
 pub struct Metrics {
     registry: Registry,
@@ -68,6 +81,10 @@ pub struct Metrics {
     pub refused: Counter,
     leases: Gauge,
     locks_held: Gauge,
+    waiters: Gauge,
+    waits: Histogram,
+    /// Each fsync of the Raft log; the log's writer observes it.
+    pub log_fsync: Histogram,
     fence_next: Gauge,
     applied: Gauge,
     table_time: Gauge<f64, AtomicU64>,
@@ -98,6 +115,9 @@ impl Default for Metrics {
             refused: Counter::default(),
             leases: Gauge::default(),
             locks_held: Gauge::default(),
+            waiters: Gauge::default(),
+            waits: wait_histogram(),
+            log_fsync: fsync_histogram(),
             fence_next: Gauge::default(),
             applied: Gauge::default(),
             table_time: Gauge::default(),
@@ -139,6 +159,23 @@ impl Default for Metrics {
         );
         r.register("leasehold_leases", "Live leases", m.leases.clone());
         r.register("leasehold_locks_held", "Held locks", m.locks_held.clone());
+        r.register(
+            "leasehold_waiters",
+            "Acquires waiting in a key's queue",
+            m.waiters.clone(),
+        );
+        r.register_with_unit(
+            "leasehold_wait",
+            "How long an acquire that queued waited for its grant",
+            Unit::Seconds,
+            m.waits.clone(),
+        );
+        r.register_with_unit(
+            "leasehold_log_fsync",
+            "Time of each fsync of the Raft log",
+            Unit::Seconds,
+            m.log_fsync.clone(),
+        );
         r.register(
             "leasehold_fence_next",
             "The fencing token the next grant gets",
@@ -210,6 +247,11 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Records how long a queued acquire waited for its grant.
+    pub fn waited(&self, took: Duration) {
+        self.waits.observe(took.as_secs_f64());
+    }
+
     /// Counts a change of leader seen by this node.
     pub fn leader_changed(&self) {
         self.leader_changes.inc();
@@ -230,10 +272,18 @@ impl Metrics {
 
     /// The OpenMetrics text, with the table's gauges read now.
     pub fn render(&self, consensus: &Consensus) -> String {
-        let (leases, held, next_fence, now) =
-            consensus.read_local(|t| (t.lease_count(), t.held_count(), t.next_fence(), t.now()));
+        let (leases, held, waiters, next_fence, now) = consensus.read_local(|t| {
+            (
+                t.lease_count(),
+                t.held_count(),
+                t.waiter_count(),
+                t.next_fence(),
+                t.now(),
+            )
+        });
         self.leases.set(gauge_value(leases as u64));
         self.locks_held.set(gauge_value(held as u64));
+        self.waiters.set(gauge_value(waiters as u64));
         self.fence_next.set(gauge_value(next_fence));
         self.applied.set(gauge_value(consensus.last_applied()));
         self.table_time.set(now as f64 / 1_000.0);

@@ -299,6 +299,7 @@ impl LockService {
             key: args.key.clone(),
             request_id: args.request_id,
         };
+        let queued_at = std::time::Instant::now();
         let first = self.propose(command).await;
         let result = match first {
             Ok(Response::Acquired(grant)) => Ok(grant),
@@ -307,7 +308,10 @@ impl LockService {
                 // leader change that would lose the tick.
                 let limit = Duration::from_millis(args.wait_ms) + Duration::from_secs(2);
                 match tokio::time::timeout(limit, outcome).await {
-                    Ok(Ok(WaitResult::Granted(grant))) => Ok(grant),
+                    Ok(Ok(WaitResult::Granted(grant))) => {
+                        hub.metrics.waited(queued_at.elapsed());
+                        Ok(grant)
+                    }
                     Ok(Ok(WaitResult::Ended(WaitEnd::LeaseGone))) => {
                         Err(LockError::LeaseExpired { lease }.into())
                     }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold_testkit::{http_get, wait_until, Cluster};
+use leasehold_testkit::{http_get, metric, wait_until, Cluster};
 use serde_json::{json, Value};
 
 /// One cluster at a time: three to five servers are all two cores take.
@@ -36,14 +36,6 @@ async fn get(addr: &str, path: &str) -> (u16, Value) {
         .expect("get");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
-}
-
-/// An unlabelled metric's value in OpenMetrics text; 0 if it is not there.
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn leader_addr(c: &Cluster) -> String {

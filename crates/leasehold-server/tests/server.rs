@@ -567,3 +567,65 @@ async fn lists_page_with_a_cursor() {
     assert_eq!(page["locks"], json!([]));
     assert_eq!(page["next_start_after"], Value::Null);
 }
+
+#[tokio::test]
+async fn metrics_show_waiters_wait_times_and_log_fsyncs() {
+    use leasehold_testkit::metric;
+    let server = Leaseholdd::start();
+    let metrics = || async {
+        reqwest::get(format!("{}/metrics", server.url()))
+            .await
+            .expect("http")
+            .text()
+            .await
+            .expect("text")
+    };
+    let (s, body) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "queue", "ttl_ms": 10000, "holder": "first"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+    let fence = body["fence"].as_u64().expect("fence");
+    let url = format!("{}/v1/acquire", server.url());
+    let waiter = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .json(&json!({"key": "queue", "ttl_ms": 10000, "holder": "second", "wait_ms": 10000}))
+            .send()
+            .await
+            .expect("http")
+            .status()
+            .as_u16()
+    });
+    let mut waiting = 0;
+    for _ in 0..100 {
+        waiting = metric(&metrics().await, "leasehold_waiters");
+        if waiting == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(waiting, 1, "the queued acquire shows as a waiter");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (s, _) = post(
+        &server,
+        "/v1/release",
+        json!({"key": "queue", "fence": fence}),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(waiter.await.expect("join"), 200);
+    let text = metrics().await;
+    assert_eq!(metric(&text, "leasehold_waiters"), 0);
+    assert_eq!(metric(&text, "leasehold_wait_seconds_count"), 1, "{text}");
+    assert!(
+        text.contains("leasehold_wait_seconds_bucket{le=\"0.128\"} 0"),
+        "waited over 100 ms: {text}"
+    );
+    assert!(
+        metric(&text, "leasehold_log_fsync_seconds_count") >= 3,
+        "{text}"
+    );
+}

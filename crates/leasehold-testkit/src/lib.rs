@@ -150,6 +150,14 @@ pub fn http_get(addr: &str, path: &str) -> Option<String> {
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
+/// An unlabelled metric's value in OpenMetrics text; 0 if it is not there.
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// Waits until `ready` says yes, or panics after `limit`.
 pub fn wait_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
     let start = Instant::now();

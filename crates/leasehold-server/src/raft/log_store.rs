@@ -34,6 +34,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
     Entry, LogId, OptionalSend, RaftLogId, RaftLogReader, StorageError, StorageIOError, Vote,
 };
+use prometheus_client::metrics::histogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use super::{NodeId, TypeConfig};
@@ -259,6 +260,11 @@ fn create_segment(dir: &Path, number: u64) -> io::Result<File> {
 impl LogStore {
     /// Opens (or creates) the log under `dir`, replaying what is there.
     pub fn open(dir: &Path) -> io::Result<LogStore> {
+        LogStore::open_observed(dir, Histogram::new(std::iter::empty()))
+    }
+
+    /// [`LogStore::open`], recording the time of each fsync in `fsync`.
+    pub fn open_observed(dir: &Path, fsync: Histogram) -> io::Result<LogStore> {
         let log_dir = dir.join("log");
         fs::create_dir_all(&log_dir)?;
         let numbers = segment_numbers(&log_dir)?;
@@ -329,6 +335,7 @@ impl LogStore {
             size,
             segments: segments.into_iter().map(|(n, h, _)| (n, h)).collect(),
             spans: spans.clone(),
+            fsync,
         };
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
@@ -509,6 +516,7 @@ struct Writer {
     size: u64,
     segments: Vec<(u64, u64)>,
     spans: Spans,
+    fsync: Histogram,
 }
 
 impl Writer {
@@ -568,7 +576,9 @@ impl Writer {
         }
         if !buf.is_empty() {
             self.file.write_all_at(&buf, self.size)?;
+            let syncing = std::time::Instant::now();
             self.file.sync_data()?;
+            self.fsync.observe(syncing.elapsed().as_secs_f64());
             self.size += buf.len() as u64;
             if let (Some(h), Some(last)) = (highest, self.segments.last_mut()) {
                 last.1 = last.1.max(h);

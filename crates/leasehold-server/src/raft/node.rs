@@ -118,8 +118,8 @@ impl Consensus {
     ) -> anyhow::Result<Consensus> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("create data dir {}", dir.display()))?;
-        let log =
-            LogStore::open(dir).with_context(|| format!("open raft log in {}", dir.display()))?;
+        let log = LogStore::open_observed(dir, hub.metrics.log_fsync.clone())
+            .with_context(|| format!("open raft log in {}", dir.display()))?;
         let transport = Arc::new(GrpcTransport::from_source(spec.source));
         let snapshots = Arc::new(FileSnapshots::in_dir(dir));
         let sm = StateMachine::open(snapshots, hub, options.snapshot_every, log.applied_index())
