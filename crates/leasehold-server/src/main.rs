@@ -63,6 +63,11 @@ struct Args {
     /// election: a dead leader is replaced in about 3 to 4 times this.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     election_timeout: Duration,
+    /// Serve on an address that is not loopback although leaseholdd has no
+    /// TLS and no access tokens yet: whoever reaches the port can take,
+    /// release or revoke any lock. Only on a network you trust.
+    #[arg(long, env = "LEASEHOLD_INSECURE")]
+    insecure: bool,
 }
 
 fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
@@ -123,6 +128,11 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.listen.ip().is_loopback() || args.insecure,
+        "refusing to listen on {}: it is not a loopback address, and with no TLS or access tokens anyone who reaches it could take, release or revoke any lock; pass --insecure to serve it anyway",
+        args.listen
+    );
     let cluster = match (args.node_id, args.peers.clone()) {
         (Some(id), Some(members)) => {
             anyhow::ensure!(

@@ -536,3 +536,26 @@ async fn frames_reject_bad_input_with_typed_errors() {
         fence
     );
 }
+
+/// With no TLS and no tokens yet, serving beyond loopback needs --insecure;
+/// the refusal is one line, before anything binds.
+#[test]
+fn a_non_loopback_listen_address_needs_insecure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(leasehold_testkit::workspace_bin("leaseholdd"))
+        .args(["--listen", "0.0.0.0:1", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .env_remove("LEASEHOLD_INSECURE")
+        .output()
+        .expect("run leaseholdd");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:1") && stderr.contains("--insecure"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing was started: {stderr}"
+    );
+}
