@@ -13,6 +13,7 @@
 //! - [`server`]: wiring, for the binary and for tests.
 
 pub mod api;
+pub mod config_file;
 pub mod conn;
 pub mod expiry;
 pub mod hub;

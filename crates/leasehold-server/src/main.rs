@@ -5,17 +5,27 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use std::time::Duration;
 
+use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
 use leasehold_server::server::{self, ClusterConfig, Config};
 
 /// The Leasehold lock server: leases with fencing tokens over gRPC and HTTP/JSON.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
+    /// A TOML file of settings: any flag below by its long name
+    /// (`listen = "127.0.0.1:7419"`, `data-dir = "..."`). A flag given on the
+    /// command line, or its environment variable, overrides the file.
+    #[arg(long, env = "LEASEHOLD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the effective configuration as TOML (file, environment and
+    /// flags combined) and exit.
+    #[arg(long)]
+    print_config: bool,
     /// Address for gRPC and HTTP (one port serves both).
     #[arg(long, env = "LEASEHOLD_LISTEN", default_value = "127.0.0.1:7419")]
     listen: SocketAddr,
@@ -97,6 +107,82 @@ fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
 
 /// File descriptors kept free of client connections: the log, snapshots,
 /// and room to accept and close a connection over the cap.
+/// The flags, with a config file's settings placed before the real ones.
+fn parse_args() -> anyhow::Result<Args> {
+    // Only --config is looked for first: the file may hold what other flags
+    // require (--peers for --node-id).
+    let mut path = std::env::var_os("LEASEHOLD_CONFIG").map(PathBuf::from);
+    let mut given = std::env::args_os().skip(1);
+    while let Some(arg) = given.next() {
+        let arg = arg.to_string_lossy().into_owned();
+        if arg == "--config" {
+            path = given.next().map(PathBuf::from);
+        } else if let Some(p) = arg.strip_prefix("--config=") {
+            path = Some(PathBuf::from(p));
+        }
+    }
+    let Some(path) = path else {
+        return Ok(Args::parse());
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("read config file {}", path.display()))?;
+    let flags: Vec<config_file::Flag> = Args::command()
+        .get_arguments()
+        .filter(|a| {
+            !matches!(
+                a.get_id().as_str(),
+                "config" | "print_config" | "help" | "version"
+            )
+        })
+        .filter_map(|a| {
+            Some(config_file::Flag {
+                name: a.get_long()?.to_string(),
+                env: a.get_env().map(|e| e.to_string_lossy().into_owned()),
+                takes_value: a.get_action().takes_values(),
+            })
+        })
+        .collect();
+    let from_file = config_file::to_args(&text, &flags)
+        .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().take(1).collect();
+    argv.extend(from_file.into_iter().map(Into::into));
+    argv.extend(std::env::args_os().skip(1));
+    Ok(Args::parse_from(argv))
+}
+
+/// The effective configuration as a config file would hold it. Nothing in
+/// it is secret yet; credentials, once there are any, are shown elided.
+fn effective_config(args: &Args) -> String {
+    let q = |s: String| toml::Value::String(s).to_string();
+    let d = |d: Duration| q(humantime::format_duration(d).to_string());
+    let mut out = String::new();
+    let mut line = |key: &str, value: String| out.push_str(&format!("{key} = {value}\n"));
+    line("listen", q(args.listen.to_string()));
+    line("data-dir", q(args.data_dir.display().to_string()));
+    line("snapshot-every", args.snapshot_every.to_string());
+    line(
+        "snapshot-chunk-bytes",
+        args.snapshot_chunk_bytes.to_string(),
+    );
+    line("threads", args.threads.to_string());
+    if let Some(max) = args.max_connections {
+        line("max-connections", max.to_string());
+    }
+    line("header-timeout", d(args.header_timeout));
+    line("idle-timeout", d(args.idle_timeout));
+    if let Some(id) = args.node_id {
+        line("node-id", id.to_string());
+    }
+    if let Some(peers) = &args.peers {
+        let list: Vec<String> = peers.iter().map(|(id, a)| format!("{id}={a}")).collect();
+        line("peers", q(list.join(",")));
+    }
+    line("heartbeat", d(args.heartbeat));
+    line("election-timeout", d(args.election_timeout));
+    line("insecure", args.insecure.to_string());
+    out
+}
+
 const RESERVED_FDS: u64 = 64;
 
 /// mimalloc: with a million small allocations (keys, tree nodes) glibc's
@@ -111,7 +197,11 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .init();
-    let args = Args::parse();
+    let args = parse_args()?;
+    if args.print_config {
+        print!("{}", effective_config(&args));
+        return Ok(());
+    }
     let fd_limit = leasehold_server::conn::raise_fd_limit();
     let runtime = match args.threads {
         1 => tokio::runtime::Builder::new_current_thread(),
