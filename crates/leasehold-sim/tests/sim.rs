@@ -241,3 +241,10 @@ fn regression_seed_907_a_node_whose_raft_stopped_restarts() {
     let report = run(&Config::seed(907));
     assert!(report.passed(), "{:#?}", report.verdict.violations);
 }
+
+/// The same openraft stop, found again by the 10,000-seed sweep.
+#[test]
+fn regression_seed_6820_a_node_whose_raft_stopped_restarts() {
+    let report = run(&Config::seed(6820));
+    assert!(report.passed(), "{:#?}", report.verdict.violations);
+}
