@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::keeper::{Keeper, RenewError};
-use leasehold_core::{LockError, RequestId};
+use leasehold_core::RequestId;
 use leasehold_fence::MemoryGate;
 use leasehold_server::raft::ConsensusError;
 use leasehold_server::service::{AcquireArgs, ApiError, LeaseSpec};
@@ -313,18 +313,10 @@ impl SimClient {
     }
 
     fn record_answer(&self, op: &'static str, answer: &Result<ClientAnswer, Failed>) {
-        // An expired lease or a stale fence is a final answer a client
-        // expects under faults, not an unavailability.
-        let code = match answer {
-            Err(Failed::Refused(ApiError::Lock(LockError::WaitTimeout { .. }))) => {
-                "wait_timeout".into()
-            }
-            other => code(other),
-        };
         self.history.record(Event::Answer {
             client: self.id,
             op,
-            code,
+            code: code(answer),
         });
     }
 }

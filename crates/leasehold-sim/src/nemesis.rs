@@ -114,7 +114,8 @@ impl Nemesis {
         }
     }
 
-    /// Ends the fault in force, if any (the run's faulty part is over).
+    /// Ends the fault in force, if any, and keeps adding a removed member
+    /// back (the run's faulty part is over).
     pub fn heal(&mut self, world: &mut World, history: &History) {
         if self.active.is_some() {
             self.end(world, history, history.now());

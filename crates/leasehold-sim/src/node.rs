@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use leasehold_server::hub::Hub;
 use leasehold_server::raft::{
-    Clock, Consensus, MemorySnapshots, NodeId, NodeSpec, RaftOptions, StateMachine,
+    Consensus, MemorySnapshots, NodeId, NodeSpec, RaftOptions, StateMachine, SystemClock,
 };
 use leasehold_server::service::{LockService, PlantedBug};
 
@@ -20,27 +20,6 @@ use crate::net::{ClientAnswer, ClientCall, Envelope, Net, SimTransport};
 /// membership API wants one).
 pub fn addr(id: NodeId) -> String {
     format!("n{id}:7419")
-}
-
-/// The host's own clock: its runtime's time, which the world advances at
-/// the host's drifting rate.
-pub struct HostClock {
-    origin: tokio::time::Instant,
-}
-
-impl HostClock {
-    /// A clock starting now (call inside the host's runtime).
-    pub fn start() -> HostClock {
-        HostClock {
-            origin: tokio::time::Instant::now(),
-        }
-    }
-}
-
-impl Clock for HostClock {
-    fn elapsed(&self) -> Duration {
-        tokio::time::Instant::now().saturating_duration_since(self.origin)
-    }
 }
 
 /// The nodes that are up, for the nemesis to find the leader.
@@ -154,7 +133,8 @@ impl NodeParts {
             log,
             sm,
             transport,
-            Arc::new(HostClock::start()),
+            // The host runtime's clock, which the world runs at the host's rate.
+            Arc::new(SystemClock::default()),
         )
         .await?;
         self.registry.lock().insert(self.id, consensus.clone());

@@ -8,7 +8,7 @@
 //! lease its full TTL again.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasehold_core::{Command, Time};
 use openraft::ServerState;
@@ -22,15 +22,17 @@ pub trait Clock: Send + Sync + 'static {
     fn elapsed(&self) -> Duration;
 }
 
-/// The process's monotonic clock.
+/// The runtime's monotonic clock: the system's, or the paused clock of a
+/// test or simulation runtime (tokio's `Instant`). Create it inside the
+/// runtime whose clock it should follow.
 pub struct SystemClock {
-    origin: Instant,
+    origin: tokio::time::Instant,
 }
 
 impl Default for SystemClock {
     fn default() -> Self {
         SystemClock {
-            origin: Instant::now(),
+            origin: tokio::time::Instant::now(),
         }
     }
 }
