@@ -27,8 +27,39 @@ struct Cli {
     /// How this process names itself to others (default: host/pid).
     #[arg(long, global = true, env = "LEASEHOLD_HOLDER")]
     holder: Option<String>,
+    /// For https:// endpoints: trust the CA certificates in this file (PEM)
+    /// instead of the system's.
+    #[arg(long, global = true, env = "LEASEHOLD_CACERT")]
+    cacert: Option<std::path::PathBuf>,
+    /// For https:// endpoints: a client certificate (PEM), for a server
+    /// started with --tls-client-ca.
+    #[arg(
+        long = "cert",
+        global = true,
+        env = "LEASEHOLD_CLIENT_CERT",
+        requires = "client_key"
+    )]
+    client_cert: Option<std::path::PathBuf>,
+    /// The private key of --cert (PEM).
+    #[arg(
+        long = "key",
+        global = true,
+        env = "LEASEHOLD_CLIENT_KEY",
+        requires = "client_cert"
+    )]
+    client_key: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+impl Cli {
+    /// The TLS files given, for https:// endpoints.
+    fn tls(&self) -> leasehold::TlsOptions {
+        leasehold::TlsOptions {
+            ca: self.cacert.clone(),
+            identity: self.client_cert.clone().zip(self.client_key.clone()),
+        }
+    }
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

@@ -544,3 +544,87 @@ fn cluster_status_add_and_remove() {
         "{out:?}"
     );
 }
+
+#[test]
+fn every_command_speaks_tls_with_a_client_certificate() {
+    use leasehold_testkit::pki::Ca;
+    let dir = tmp();
+    let ca = Ca::new(dir.path(), "ca");
+    let clients = Ca::new(dir.path(), "clients");
+    let served = ca.issue("server", &["127.0.0.1"]);
+    let me = clients.issue("operator", &["operator"]);
+    let path = |p: &std::path::Path| p.display().to_string();
+    let server = Leaseholdd::spawn_with(&[
+        "--tls-cert",
+        &path(&served.cert),
+        "--tls-key",
+        &path(&served.key),
+        "--tls-client-ca",
+        &path(&clients.cert),
+    ]);
+    let endpoint = format!("https://{}", server.addr);
+    let cli = |args: &[&str], identity: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        c.env_remove("LEASEHOLD_HOLDER")
+            .env("LEASEHOLD_ENDPOINT", &endpoint)
+            .env("LEASEHOLD_CACERT", &ca.cert);
+        if identity {
+            c.env("LEASEHOLD_CLIENT_CERT", &me.cert)
+                .env("LEASEHOLD_CLIENT_KEY", &me.key);
+        }
+        c.args(args).output().expect("run leasehold")
+    };
+    wait_until(Duration::from_secs(20), "leaseholdd over TLS", || {
+        cli(&["status"], true).status.success()
+    });
+
+    let ran = cli(
+        &[
+            "run",
+            "tls/nightly",
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_FENCE",
+        ],
+        true,
+    );
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&ran.stdout).trim().is_empty());
+
+    let cluster = cli(&["cluster", "status", "--json"], true);
+    assert!(
+        cluster.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cluster.stderr)
+    );
+    let view: serde_json::Value = serde_json::from_slice(&cluster.stdout).unwrap();
+    assert_eq!(view["role"], "leader", "{view}");
+
+    let bench = cli(
+        &[
+            "bench",
+            "--json",
+            "--clients",
+            "2",
+            "--duration",
+            "1s",
+            "--workload",
+            "cycle",
+        ],
+        true,
+    );
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+
+    // Without the client certificate the server turns the CLI away.
+    let refused = cli(&["status"], false);
+    assert!(!refused.status.success());
+}

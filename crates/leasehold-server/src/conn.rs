@@ -24,11 +24,13 @@ use axum::body::{Body, Bytes, HttpBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::service::LockService;
+use crate::tls::{PeerCertificate, Tls};
 
 /// Connection limits.
 #[derive(Debug, Clone)]
@@ -200,13 +202,16 @@ async fn idle(activity: &Activity, limit: Duration) {
     }
 }
 
-/// Serves one connection: the framed protocol if its first byte is the
-/// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise.
+/// Serves one connection: TLS first if it opens with a handshake (and the
+/// node has TLS); inside, the framed protocol if its first byte is the
+/// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise. When clients
+/// must use TLS, a plaintext connection is closed at once.
 pub async fn serve(
     stream: TcpStream,
     app: axum::Router,
     service: LockService,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
     mut stop: watch::Receiver<bool>,
     _admitted: Admitted,
 ) {
@@ -221,14 +226,59 @@ pub async fn serve(
         },
         _ = crate::server::stopped(&mut stop) => return,
     }
-    if first[0] == leasehold_proto::frame::PREAMBLE[0] {
-        return crate::api::frames::serve(stream, service, limits, stop).await;
+    let must_tls = tls.as_ref().is_some_and(|t| t.clients_need_tls());
+    let Some(tls) = tls.filter(|_| first[0] == crate::tls::HANDSHAKE) else {
+        if must_tls {
+            tracing::debug!("closing a plaintext connection: this port speaks TLS");
+            return;
+        }
+        if first[0] == leasehold_proto::frame::PREAMBLE[0] {
+            let (read, write) = stream.into_split();
+            return crate::api::frames::serve(read, write, service, limits, stop).await;
+        }
+        return serve_http(TokioIo::new(stream), None, app, limits, stop).await;
+    };
+    let opened = async {
+        let (mut stream, peer) = tls.accept(stream, limits.header_timeout).await?;
+        let mut first = [0u8; 1];
+        tokio::time::timeout(limits.header_timeout, stream.read_exact(&mut first)).await??;
+        anyhow::Ok((Prefixed::new(first[0], stream), peer))
+    };
+    let (stream, peer) = tokio::select! {
+        opened = opened => match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                tracing::debug!(error = %e, "closing a TLS connection");
+                return;
+            }
+        },
+        _ = crate::server::stopped(&mut stop) => return,
+    };
+    if stream.first == Some(leasehold_proto::frame::PREAMBLE[0]) {
+        let (read, write) = tokio::io::split(stream);
+        return crate::api::frames::serve(read, write, service, limits, stop).await;
     }
+    serve_http(TokioIo::new(stream), peer, app, limits, stop).await
+}
 
+/// Serves HTTP/1.1 or HTTP/2 on one connection until it closes, goes idle
+/// or the server stops.
+async fn serve_http<S>(
+    io: TokioIo<S>,
+    peer: Option<PeerCertificate>,
+    app: axum::Router,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Activity::new();
     let calls = activity.clone();
-    let service = hyper::service::service_fn(move |request| {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
         let busy = calls.enter();
+        if let Some(peer) = &peer {
+            request.extensions_mut().insert(peer.clone());
+        }
         let call = app.clone().oneshot(request);
         async move {
             let response = call.await?;
@@ -245,7 +295,7 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(H2_PING_EVERY))
         .keep_alive_timeout(H2_PING_TIMEOUT);
-    let conn = http.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    let conn = http.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}
@@ -257,6 +307,68 @@ pub async fn serve(
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         }
+    }
+}
+
+/// A stream with its first byte, already read to tell the protocol, put
+/// back in front.
+struct Prefixed<S> {
+    first: Option<u8>,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    fn new(first: u8, inner: S) -> Prefixed<S> {
+        Prefixed {
+            first: Some(first),
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if buf.remaining() > 0 {
+            if let Some(first) = self.first.take() {
+                buf.put_slice(&[first]);
+                return Poll::Ready(Ok(()));
+            }
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 

@@ -21,3 +21,4 @@ pub mod metrics;
 pub mod raft;
 pub mod server;
 pub mod service;
+pub mod tls;

@@ -12,6 +12,7 @@ use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
 use leasehold_server::server::{self, ClusterConfig, Config};
+use leasehold_server::tls::{Tls, TlsFiles};
 
 /// The Leasehold lock server: leases with fencing tokens over gRPC and HTTP/JSON.
 #[derive(Parser, Debug)]
@@ -73,11 +74,33 @@ struct Args {
     /// election: a dead leader is replaced in about 3 to 4 times this.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     election_timeout: Duration,
-    /// Serve on an address that is not loopback although leaseholdd has no
-    /// TLS and no access tokens yet: whoever reaches the port can take,
+    /// Serve on an address that is not loopback without mutual TLS for
+    /// clients (--tls-cert, --tls-key and --tls-client-ca) and, in a
+    /// cluster, between peers: whoever reaches the port could then take,
     /// release or revoke any lock. Only on a network you trust.
     #[arg(long, env = "LEASEHOLD_INSECURE")]
     insecure: bool,
+    /// The certificate (PEM, chain) clients see; with it the port speaks
+    /// TLS only (gRPC, HTTP and the framed protocol alike).
+    #[arg(long, env = "LEASEHOLD_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "LEASEHOLD_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Clients must present a certificate signed by this CA (PEM).
+    #[arg(long, env = "LEASEHOLD_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// This node's peer certificate (PEM), naming it as the DNS name
+    /// ID.node.leasehold; peers then talk mutual TLS.
+    #[arg(long, env = "LEASEHOLD_PEER_TLS_CERT", requires_all = ["peer_tls_key", "peer_tls_ca"])]
+    peer_tls_cert: Option<PathBuf>,
+    /// The private key of --peer-tls-cert (PEM).
+    #[arg(long, env = "LEASEHOLD_PEER_TLS_KEY", requires = "peer_tls_cert")]
+    peer_tls_key: Option<PathBuf>,
+    /// The CA that signs every node's peer certificate (PEM); keep it apart
+    /// from the clients' CA.
+    #[arg(long, env = "LEASEHOLD_PEER_TLS_CA", requires = "peer_tls_cert")]
+    peer_tls_ca: Option<PathBuf>,
 }
 
 fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
@@ -180,6 +203,20 @@ fn effective_config(args: &Args) -> String {
     line("heartbeat", d(args.heartbeat));
     line("election-timeout", d(args.election_timeout));
     line("insecure", args.insecure.to_string());
+    // Paths only: the files' contents (keys) are never printed.
+    let paths = [
+        ("tls-cert", &args.tls_cert),
+        ("tls-key", &args.tls_key),
+        ("tls-client-ca", &args.tls_client_ca),
+        ("peer-tls-cert", &args.peer_tls_cert),
+        ("peer-tls-key", &args.peer_tls_key),
+        ("peer-tls-ca", &args.peer_tls_ca),
+    ];
+    for (key, path) in paths {
+        if let Some(p) = path {
+            line(key, q(p.display().to_string()));
+        }
+    }
     out
 }
 
@@ -217,12 +254,47 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(serve(args, fd_limit))
 }
 
+fn tls_files(args: &Args) -> TlsFiles {
+    TlsFiles {
+        cert: args.tls_cert.clone(),
+        key: args.tls_key.clone(),
+        client_ca: args.tls_client_ca.clone(),
+        peer_cert: args.peer_tls_cert.clone(),
+        peer_key: args.peer_tls_key.clone(),
+        peer_ca: args.peer_tls_ca.clone(),
+    }
+}
+
+/// Why serving on a non-loopback address would let strangers in, if it would.
+fn exposed(args: &Args, files: &TlsFiles) -> Option<&'static str> {
+    if args.listen.ip().is_loopback() || args.insecure {
+        return None;
+    }
+    if !files.for_clients() {
+        return Some("without TLS (--tls-cert, --tls-key)");
+    }
+    if files.client_ca.is_none() {
+        return Some("without client certificates (--tls-client-ca), so anyone who reaches it");
+    }
+    if args.peers.is_some() && !files.for_peers() {
+        return Some("without peer certificates (--peer-tls-cert, --peer-tls-key, --peer-tls-ca)");
+    }
+    None
+}
+
 async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
+    let files = tls_files(&args);
+    if let Some(why) = exposed(&args, &files) {
+        anyhow::bail!(
+            "refusing to listen on {} {why} could take, release or revoke any lock; pass --insecure to serve it anyway",
+            args.listen
+        );
+    }
     anyhow::ensure!(
-        args.listen.ip().is_loopback() || args.insecure,
-        "refusing to listen on {}: it is not a loopback address, and with no TLS or access tokens anyone who reaches it could take, release or revoke any lock; pass --insecure to serve it anyway",
-        args.listen
+        args.peers.is_none() || !files.for_clients() || files.for_peers(),
+        "with --tls-cert a cluster's nodes need peer certificates too (--peer-tls-cert, --peer-tls-key, --peer-tls-ca): the port refuses plaintext, peers' calls included"
     );
+    let tls = Tls::load(files).context("load TLS files")?;
     let cluster = match (args.node_id, args.peers.clone()) {
         (Some(id), Some(members)) => {
             anyhow::ensure!(
@@ -273,8 +345,39 @@ async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
             idle_timeout: args.idle_timeout,
         },
         cluster,
+        tls: tls.clone(),
     };
+    if let Some(tls) = tls {
+        tokio::spawn(reload_on_hangup(tls));
+    }
     server::run(config, listener, shutdown_signal()).await
+}
+
+/// Reads the TLS files again on each SIGHUP (renewed certificates); open
+/// connections and every lock stay.
+async fn reload_on_hangup(tls: std::sync::Arc<Tls>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGHUP: TLS files are not reloaded");
+                return;
+            }
+        };
+        while hangups.recv().await.is_some() {
+            match tls.reload() {
+                Ok(()) => tracing::info!("TLS certificates reloaded"),
+                Err(e) => tracing::error!(
+                    error = format!("{e:#}"),
+                    "TLS reload failed: the certificates loaded before stay in force"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tls;
 }
 
 async fn shutdown_signal() {

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,6 +15,7 @@ use crate::conn::{self, Gate, Limits};
 use crate::hub::Hub;
 use crate::raft::{Consensus, NodeId, NodeSpec, RaftOptions};
 use crate::service::LockService;
+use crate::tls::Tls;
 
 /// How long in-flight requests get to finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -30,6 +32,8 @@ pub struct Config {
     /// This node's id and the initial voters of its group; `None` for a
     /// single node (id 1, at the listener's address).
     pub cluster: Option<ClusterConfig>,
+    /// TLS for clients and peers; `None` for plaintext.
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// A node of a cluster.
@@ -65,8 +69,9 @@ pub async fn run(
     let consensus = Consensus::start(
         &config.data_dir,
         spec,
-        std::sync::Arc::new(Hub::default()),
+        Arc::new(Hub::default()),
         config.raft.clone(),
+        config.tls.clone(),
     )
     .await
     .context("start consensus")?;
@@ -77,10 +82,20 @@ pub async fn run(
     }));
 
     let service = LockService::new(consensus.clone());
-    let app = crate::api::router(service.clone());
-    tracing::info!(%addr, data_dir = %config.data_dir.display(), "serving gRPC, HTTP and frames");
+    let peer_certificates = config
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.peers_need_certificates());
+    let app = crate::api::router(service.clone(), peer_certificates);
+    let tls = match &config.tls {
+        None => "none",
+        Some(t) if !t.clients_need_tls() => "peers",
+        Some(t) if t.clients_need_certificates() => "clients (with certificates) and peers",
+        Some(_) => "clients",
+    };
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), tls, "serving gRPC, HTTP and frames");
     let (signal_tx, signal_rx) = watch::channel(false);
-    let signal_tx = std::sync::Arc::new(signal_tx);
+    let signal_tx = Arc::new(signal_tx);
     let signal = signal_tx.clone();
     tokio::spawn(async move {
         shutdown.await;
@@ -116,6 +131,7 @@ pub async fn run(
                             app.clone(),
                             service.clone(),
                             config.limits.clone(),
+                            config.tls.clone(),
                             signal_rx.clone(),
                             admitted,
                         ));

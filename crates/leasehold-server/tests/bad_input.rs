@@ -537,8 +537,8 @@ async fn frames_reject_bad_input_with_typed_errors() {
     );
 }
 
-/// With no TLS and no tokens yet, serving beyond loopback needs --insecure;
-/// the refusal is one line, before anything binds.
+/// Without TLS and client certificates, serving beyond loopback needs
+/// --insecure; the refusal is one line, before anything binds.
 #[test]
 fn a_non_loopback_listen_address_needs_insecure() {
     let dir = tempfile::tempdir().expect("tempdir");

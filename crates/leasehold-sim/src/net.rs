@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use leasehold_core::{Fence, Grant, LeaseId, RequestId};
-use leasehold_server::raft::{PeerCall, Transport, TransportError};
+use leasehold_server::raft::{NodeId, PeerCall, Transport, TransportError};
 use leasehold_server::service::{AcquireArgs, ApiError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -340,6 +340,7 @@ pub struct SimTransport {
 impl Transport for SimTransport {
     fn call(
         &self,
+        _to: NodeId,
         addr: &str,
         call: PeerCall,
         payload: Vec<u8>,

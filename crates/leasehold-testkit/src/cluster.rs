@@ -76,7 +76,8 @@ pub struct Cluster {
     pub nodes: Vec<ClusterNode>,
     peers: Vec<(u64, String)>,
     dir: tempfile::TempDir,
-    extra: Vec<String>,
+    /// Extra flags for node `id`.
+    extra: Box<dyn Fn(u64) -> Vec<String>>,
 }
 
 impl Cluster {
@@ -87,16 +88,23 @@ impl Cluster {
 
     /// Starts `n` nodes with extra flags each and waits until one leads.
     pub fn start_with(n: usize, extra: &[&str]) -> Cluster {
-        Self::launch(n, extra, false)
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::launch(n, Box::new(move |_| extra.clone()), false)
+    }
+
+    /// Starts `n` nodes, node `id` with the flags `extra(id)` (its own
+    /// certificate, say), and waits until one leads.
+    pub fn start_each(n: usize, extra: impl Fn(u64) -> Vec<String> + 'static) -> Cluster {
+        Self::launch(n, Box::new(extra), false)
     }
 
     /// Starts `n` nodes, each on its own 127.0.0.N behind a proxy (see the
     /// module doc), and waits until one leads.
     pub fn start_isolatable(n: usize) -> Cluster {
-        Self::launch(n, &[], true)
+        Self::launch(n, Box::new(|_| Vec::new()), true)
     }
 
-    fn launch(n: usize, extra: &[&str], isolatable: bool) -> Cluster {
+    fn launch(n: usize, extra: Box<dyn Fn(u64) -> Vec<String>>, isolatable: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let ip = |id: u64| {
             if isolatable {
@@ -126,7 +134,7 @@ impl Cluster {
             nodes: Vec::new(),
             peers: peers.clone(),
             dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
         };
         for (((id, addr), proxy), (_, advertised)) in listen.into_iter().zip(proxies).zip(peers) {
             let mut node = cluster.node(id, addr, &cluster.peers_arg());
@@ -153,7 +161,7 @@ impl Cluster {
             "--data-dir".to_string(),
             data.display().to_string(),
         ];
-        args.extend(self.extra.iter().cloned());
+        args.extend((self.extra)(id));
         ClusterNode {
             id,
             advertised: addr.clone(),

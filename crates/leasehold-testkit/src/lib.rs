@@ -7,6 +7,7 @@
 //! a server (a lost reply, one source's connections refused).
 
 mod cluster;
+pub mod pki;
 mod proxy;
 
 pub use cluster::{Cluster, ClusterNode};
@@ -187,6 +188,14 @@ impl Leaseholdd {
 
     /// Starts one with extra flags and waits until it leads.
     pub fn start_with(extra: &[&str]) -> Leaseholdd {
+        let server = Self::spawn_with(extra);
+        server.wait_ready();
+        server
+    }
+
+    /// Starts one with extra flags, without waiting (for a server that
+    /// does not answer plain HTTP, such as one with TLS).
+    pub fn spawn_with(extra: &[&str]) -> Leaseholdd {
         let dir = tempfile::tempdir().expect("tempdir");
         let addr = format!("127.0.0.1:{}", free_port());
         let mut args = vec![
@@ -201,9 +210,7 @@ impl Leaseholdd {
             &args,
             &dir.path().join("leaseholdd.log"),
         );
-        let server = Leaseholdd { process, addr, dir };
-        server.wait_ready();
-        server
+        Leaseholdd { process, addr, dir }
     }
 
     /// `http://127.0.0.1:PORT`.

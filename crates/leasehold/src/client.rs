@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};
 use crate::lease::{Lease, LeaseHandle};
+use crate::tls::TlsOptions;
 use crate::{Error, Fence, Result};
 
 /// The default leaseholdd endpoint.
@@ -25,6 +26,7 @@ pub struct ClientBuilder {
     url: String,
     require: Guarantee,
     holder: Option<String>,
+    tls: TlsOptions,
 }
 
 impl ClientBuilder {
@@ -40,9 +42,15 @@ impl ClientBuilder {
         self
     }
 
+    /// The CA and client certificate for `https://` leaseholdd endpoints.
+    pub fn tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Connects.
     pub async fn connect(self) -> Result<Client> {
-        let backend = crate::backend::connect(&self.url).await?;
+        let backend = crate::backend::connect_tls(&self.url, &self.tls).await?;
         Client::with_backend(backend, self.require, self.holder)
     }
 }
@@ -77,11 +85,16 @@ impl Client {
         Self::builder(url).connect().await
     }
 
-    /// Connects to `LEASEHOLD_ENDPOINT`, or the default local leaseholdd.
+    /// Connects to `LEASEHOLD_ENDPOINT`, or the default local leaseholdd,
+    /// with TLS files from `LEASEHOLD_CACERT`, `LEASEHOLD_CLIENT_CERT` and
+    /// `LEASEHOLD_CLIENT_KEY` ([`TlsOptions::from_env`]).
     pub async fn from_env() -> Result<Client> {
         let url =
             std::env::var("LEASEHOLD_ENDPOINT").unwrap_or_else(|_| DEFAULT_ENDPOINT.to_string());
-        Self::connect(&url).await
+        Self::builder(&url)
+            .tls(TlsOptions::from_env())
+            .connect()
+            .await
     }
 
     /// A builder, to require a guarantee or name the holder.
@@ -90,6 +103,7 @@ impl Client {
             url: url.to_string(),
             require: Guarantee::Efficiency,
             holder: None,
+            tls: TlsOptions::default(),
         }
     }
 

@@ -51,11 +51,13 @@ mod client;
 mod error;
 pub mod keeper;
 mod lease;
+mod tls;
 
 pub use backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};
 pub use client::{Client, ClientBuilder, DEFAULT_ENDPOINT};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseHandle};
+pub use tls::TlsOptions;
 
 /// A fencing token.
 pub type Fence = u64;

@@ -43,6 +43,7 @@ pub enum Workload {
 
 pub struct Args {
     pub endpoint: String,
+    pub tls: leasehold::TlsOptions,
     pub workload: Workload,
     pub clients: usize,
     pub duration: Duration,
@@ -157,7 +158,11 @@ async fn run_then_join(
     Ok(())
 }
 
-async fn connect(endpoint: &str, clients: usize) -> anyhow::Result<Vec<Client>> {
+async fn connect(
+    endpoint: &str,
+    tls: &leasehold::TlsOptions,
+    clients: usize,
+) -> anyhow::Result<Vec<Client>> {
     let mut out = Vec::with_capacity(clients);
     for i in 0..clients {
         // One connection per client; PostgreSQL clients open one each too.
@@ -172,6 +177,7 @@ async fn connect(endpoint: &str, clients: usize) -> anyhow::Result<Vec<Client>> 
         out.push(
             Client::builder(&url)
                 .holder(format!("bench-{i}"))
+                .tls(tls.clone())
                 .connect()
                 .await
                 .with_context(|| format!("connect client {i}"))?,
@@ -229,7 +235,7 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
 }
 
 async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
-    let clients = connect(&a.endpoint, a.clients).await?;
+    let clients = connect(&a.endpoint, &a.tls, a.clients).await?;
     let mut tasks = Vec::new();
     for client in clients {
         let (shared, keys, ttl) = (shared.clone(), a.keys.max(1), a.ttl);
@@ -261,7 +267,7 @@ async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Res
 }
 
 async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
-    let clients = connect(&a.endpoint, a.clients).await?;
+    let clients = connect(&a.endpoint, &a.tls, a.clients).await?;
     // When the last holder began its release, in µs since `origin`.
     let origin = Instant::now();
     let released_at = Arc::new(AtomicU64::new(u64::MAX));
@@ -322,7 +328,7 @@ async fn keep(
     bar: &ProgressBar,
     extra: &mut serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
-    let clients = connect(&a.endpoint, a.clients).await?;
+    let clients = connect(&a.endpoint, &a.tls, a.clients).await?;
     let per_client = (a.keys as usize).div_ceil(a.clients.max(1));
     let run = rand::random::<u32>();
     let opts = LockOptions::default().ttl(a.ttl);
@@ -373,27 +379,41 @@ async fn keep(
 }
 
 async fn grpc(
-    endpoint: &str,
+    a: &Args,
 ) -> anyhow::Result<pb::leasehold_client::LeaseholdClient<tonic::transport::Channel>> {
-    if !endpoint.starts_with("http") {
+    if !a.endpoint.starts_with("http") {
         bail!("this workload needs leaseholdd (an http:// endpoint)");
     }
     // These workloads call gRPC directly, so they go straight to the node
     // that leads (of a cluster's endpoints, `http://a,b,c`).
-    let target = match super::cluster::addrs(endpoint)?.as_slice() {
-        [single] => single.clone(),
-        _ => super::cluster::leader(endpoint).await?,
+    let cluster = super::cluster::Target {
+        url: a.endpoint.clone(),
+        tls: a.tls.clone(),
     };
-    pb::leasehold_client::LeaseholdClient::connect(format!("http://{target}"))
-        .await
-        .with_context(|| format!("connect to {target}"))
+    let target = match super::cluster::addrs(&a.endpoint)?.as_slice() {
+        [single] => single.clone(),
+        _ => super::cluster::leader(&cluster).await?,
+    };
+    let scheme = cluster.scheme();
+    let mut channel = tonic::transport::Channel::from_shared(format!("{scheme}://{target}"))
+        .with_context(|| format!("endpoint {target}"))?;
+    if scheme == "https" {
+        let host = target.rsplit_once(':').map_or(target.as_str(), |(h, _)| h);
+        channel = channel.tls_config(a.tls.grpc(host)?)?;
+    }
+    Ok(pb::leasehold_client::LeaseholdClient::new(
+        channel
+            .connect()
+            .await
+            .with_context(|| format!("connect to {target}"))?,
+    ))
 }
 
 async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
     let per_client = (a.keys as usize / a.clients.max(1)).max(1);
     let mut tasks = Vec::new();
     for i in 0..a.clients {
-        let mut c = grpc(&a.endpoint).await?;
+        let mut c = grpc(a).await?;
         let mut leases = Vec::with_capacity(per_client);
         for _ in 0..per_client {
             let ttl_ms = a.ttl.as_millis() as u64;
@@ -439,7 +459,7 @@ async fn hold(
     bar: &ProgressBar,
     extra: &mut serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
-    let mut c = grpc(&a.endpoint).await?;
+    let mut c = grpc(a).await?;
     let ttl_ms = a.ttl.as_millis() as u64;
     let lease = c
         .grant(pb::GrantRequest {
@@ -456,7 +476,7 @@ async fn hold(
     bar.set_length(a.keys);
     let mut tasks = Vec::new();
     for _ in 0..a.clients {
-        let mut c = grpc(&a.endpoint).await?;
+        let mut c = grpc(a).await?;
         let (shared, next, prefix, total) = (shared.clone(), next.clone(), prefix.clone(), a.keys);
         tasks.push(tokio::spawn(async move {
             let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");

@@ -2,39 +2,92 @@
 //! over the HTTP admin API (`/v1/cluster`), at the leader.
 
 use anyhow::{bail, Context};
+use leasehold::TlsOptions;
 use serde_json::Value;
 
-/// `host:port` of each endpoint of `--endpoint http://a,b,c`.
+/// Where leaseholdd is: `--endpoint` and the TLS files for `https://`.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `http://a,b,c` or `https://a,b,c`.
+    pub url: String,
+    /// The CA and client certificate, for `https://`.
+    pub tls: TlsOptions,
+}
+
+impl Target {
+    /// `http` or `https`.
+    pub(super) fn scheme(&self) -> &'static str {
+        if self.url.trim_start().starts_with("https://") {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// The same deployment, at one of its nodes.
+    fn at(&self, addr: &str) -> Target {
+        Target {
+            url: format!("{}://{addr}", self.scheme()),
+            tls: self.tls.clone(),
+        }
+    }
+
+    /// An HTTP client that trusts the CA and shows the client certificate.
+    fn http(&self) -> anyhow::Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder().use_rustls_tls();
+        if let Some(ca) = &self.tls.ca {
+            let pem = std::fs::read(ca).with_context(|| format!("read {}", ca.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("{}: not PEM certificates", ca.display()))?
+            {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        if let Some((cert, key)) = &self.tls.identity {
+            let mut pem =
+                std::fs::read(cert).with_context(|| format!("read {}", cert.display()))?;
+            pem.extend(std::fs::read(key).with_context(|| format!("read {}", key.display()))?);
+            builder = builder
+                .identity(reqwest::Identity::from_pem(&pem).context("client certificate and key")?);
+        }
+        builder.build().context("HTTP client")
+    }
+}
+
+/// `host:port` of each endpoint of `--endpoint http://a,b,c` (or https://).
 pub(super) fn addrs(endpoint: &str) -> anyhow::Result<Vec<String>> {
     let addrs: Vec<String> = endpoint
         .split(',')
         .map(|p| {
             p.trim()
                 .trim_start_matches("http://")
+                .trim_start_matches("https://")
                 .trim_end_matches('/')
                 .to_string()
         })
         .filter(|p| !p.is_empty())
         .collect();
-    if addrs.is_empty() || endpoint.contains("://") && !endpoint.starts_with("http://") {
+    let leaseholdd = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+    if addrs.is_empty() || endpoint.contains("://") && !leaseholdd {
         bail!("cluster commands need leaseholdd endpoints: --endpoint http://HOST:PORT[,HOST:PORT...]");
     }
     Ok(addrs)
 }
 
 /// Sends a request to the first endpoint that answers, and on to the leader
-/// it names.
+/// it names. `request` gets the base URL of a node (`https://host:port`).
 async fn at_leader(
-    endpoint: &str,
+    target: &Target,
     request: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
 ) -> anyhow::Result<(u16, Value)> {
-    let http = reqwest::Client::new();
+    let http = target.http()?;
+    let scheme = target.scheme();
     let mut errors = Vec::new();
-    let mut targets = addrs(endpoint)?;
+    let mut targets = addrs(&target.url)?;
     let mut hops = 0;
     while let Some(addr) = targets.first().cloned() {
         targets.remove(0);
-        let response = match request(&http, &addr).send().await {
+        let response = match request(&http, &format!("{scheme}://{addr}")).send().await {
             Ok(r) => r,
             Err(e) => {
                 errors.push(format!("{addr}: {e}"));
@@ -70,8 +123,8 @@ fn answer((status, body): (u16, Value)) -> anyhow::Result<Value> {
 }
 
 /// The address of the node that leads (the only node, for a single one).
-pub(super) async fn leader(endpoint: &str) -> anyhow::Result<String> {
-    let view = answer(at_leader(endpoint, |h, a| h.get(format!("http://{a}/v1/cluster"))).await?)?;
+pub(super) async fn leader(target: &Target) -> anyhow::Result<String> {
+    let view = answer(at_leader(target, |h, a| h.get(format!("{a}/v1/cluster"))).await?)?;
     match view["leader_addr"].as_str() {
         Some(leader) => Ok(leader.to_string()),
         None => bail!("no node leads now"),
@@ -79,12 +132,12 @@ pub(super) async fn leader(endpoint: &str) -> anyhow::Result<String> {
 }
 
 /// `leasehold cluster status`.
-pub async fn status(endpoint: &str, json: bool) -> anyhow::Result<i32> {
+pub async fn status(target: &Target, json: bool) -> anyhow::Result<i32> {
     // The leader's view: it knows every member's lag.
-    let first = answer(at_leader(endpoint, |h, a| h.get(format!("http://{a}/v1/cluster"))).await?)?;
+    let first = answer(at_leader(target, |h, a| h.get(format!("{a}/v1/cluster"))).await?)?;
     let view = match first["leader_addr"].as_str() {
         Some(leader) if first["role"] != "leader" => {
-            answer(at_leader(leader, |h, a| h.get(format!("http://{a}/v1/cluster"))).await?)
+            answer(at_leader(&target.at(leader), |h, a| h.get(format!("{a}/v1/cluster"))).await?)
                 .unwrap_or(first)
         }
         _ => first,
@@ -127,11 +180,11 @@ pub async fn status(endpoint: &str, json: bool) -> anyhow::Result<i32> {
 }
 
 /// `leasehold cluster add ID ADDR`.
-pub async fn add(endpoint: &str, id: u64, addr: &str) -> anyhow::Result<i32> {
+pub async fn add(target: &Target, id: u64, addr: &str) -> anyhow::Result<i32> {
     let body = serde_json::json!({ "id": id, "addr": addr });
     answer(
-        at_leader(endpoint, |h, a| {
-            h.post(format!("http://{a}/v1/cluster/members")).json(&body)
+        at_leader(target, |h, a| {
+            h.post(format!("{a}/v1/cluster/members")).json(&body)
         })
         .await?,
     )?;
@@ -140,10 +193,10 @@ pub async fn add(endpoint: &str, id: u64, addr: &str) -> anyhow::Result<i32> {
 }
 
 /// `leasehold cluster remove ID`.
-pub async fn remove(endpoint: &str, id: u64) -> anyhow::Result<i32> {
+pub async fn remove(target: &Target, id: u64) -> anyhow::Result<i32> {
     answer(
-        at_leader(endpoint, |h, a| {
-            h.delete(format!("http://{a}/v1/cluster/members/{id}"))
+        at_leader(target, |h, a| {
+            h.delete(format!("{a}/v1/cluster/members/{id}"))
         })
         .await?,
     )?;

@@ -77,6 +77,7 @@ pub async fn fencing() -> anyhow::Result<i32> {
         raft: Default::default(),
         limits: Default::default(),
         cluster: None,
+        tls: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(leasehold_server::server::run(

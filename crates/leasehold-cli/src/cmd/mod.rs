@@ -15,7 +15,12 @@ use crate::{Cli, ClusterAction, Command, Demo};
 
 /// Runs a subcommand; returns the process exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
-    let mut builder = Client::builder(&cli.endpoint);
+    let tls = cli.tls();
+    let target = cluster::Target {
+        url: cli.endpoint.clone(),
+        tls: tls.clone(),
+    };
+    let mut builder = Client::builder(&cli.endpoint).tls(tls.clone());
     if let Some(h) = &cli.holder {
         builder = builder.holder(h);
     }
@@ -57,6 +62,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             command,
         } => {
             let client = Client::builder(&cli.endpoint)
+                .tls(tls.clone())
                 .holder(value)
                 .connect()
                 .await
@@ -90,6 +96,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             let endpoint = cli.endpoint.clone();
             bench::bench(bench::Args {
                 endpoint,
+                tls: tls.clone(),
                 workload,
                 clients,
                 duration,
@@ -110,9 +117,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => demo::worker(&client().await?, &key, &account, deposit).await,
         Command::Watch { prefix, json } => status::watch(&client().await?, &prefix, json).await,
         Command::Cluster { action } => match action {
-            ClusterAction::Status { json } => cluster::status(&cli.endpoint, json).await,
-            ClusterAction::Add { id, addr } => cluster::add(&cli.endpoint, id, &addr).await,
-            ClusterAction::Remove { id } => cluster::remove(&cli.endpoint, id).await,
+            ClusterAction::Status { json } => cluster::status(&target, json).await,
+            ClusterAction::Add { id, addr } => cluster::add(&target, id, &addr).await,
+            ClusterAction::Remove { id } => cluster::remove(&target, id).await,
         },
         // Reads the state file only; connects to nothing.
         Command::Check { state } => check::check(state),

@@ -12,8 +12,7 @@ use futures::{FutureExt, StreamExt};
 use leasehold_proto::frame::{Frame, FrameCodec, Op, PREAMBLE, REPLY_ERROR, REPLY_OK};
 use leasehold_proto::v1 as pb;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio_util::codec::{Encoder, FramedRead};
 
@@ -72,23 +71,26 @@ async fn answer(service: LockService, request: Frame) -> Frame {
     }
 }
 
-/// Serves one connection whose first byte was the preamble's, until the
+/// Serves one connection (its two halves) whose first byte was the preamble's, until the
 /// client closes it or `stop` turns true (calls in flight then finish first).
 ///
 /// The connection is closed when nothing was in flight for the idle timeout;
 /// the client opens a new one on its next call.
-pub async fn serve(
-    mut stream: TcpStream,
+pub async fn serve<R, W>(
+    mut read: R,
+    mut write: W,
     service: LockService,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
-) {
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut preamble = [0u8; PREAMBLE.len()];
-    match tokio::time::timeout(limits.header_timeout, stream.read_exact(&mut preamble)).await {
+    match tokio::time::timeout(limits.header_timeout, read.read_exact(&mut preamble)).await {
         Ok(Ok(_)) if &preamble == PREAMBLE => {}
         _ => return,
     }
-    let (read, mut write) = stream.into_split();
     let mut requests = FramedRead::new(read, FrameCodec::requests());
     let mut in_flight = FuturesUnordered::new();
     let mut out = BytesMut::new();

@@ -13,10 +13,12 @@ pub mod http;
 use crate::service::LockService;
 
 /// The whole API as one router: gRPC requests (HTTP/2, `application/grpc`) go
-/// to the tonic service, everything else to the HTTP/JSON routes.
-pub fn router(service: LockService) -> axum::Router {
+/// to the tonic service, everything else to the HTTP/JSON routes. With
+/// `peer_certificates`, Raft calls need a connection with a peer's
+/// certificate naming the node they come from.
+pub fn router(service: LockService, peer_certificates: bool) -> axum::Router {
     let grpc = tonic::service::Routes::new(grpc::server(service.clone()))
-        .add_service(service.consensus().peer_service())
+        .add_service(service.consensus().peer_service(peer_certificates))
         .into_axum_router();
     http::router(service).merge(grpc).fallback(http::not_found)
 }

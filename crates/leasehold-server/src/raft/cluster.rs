@@ -155,7 +155,7 @@ impl Consensus {
         for &id in voters {
             let answers = id == self.id
                 || match addr(id) {
-                    Some(a) => self.probe(&a).await.is_some(),
+                    Some(a) => self.probe(id, &a).await.is_some(),
                     None => false,
                 };
             up += usize::from(answers);

@@ -216,6 +216,7 @@ mod tests {
             NodeSpec::single("127.0.0.1:1"),
             Arc::new(Hub::default()),
             RaftOptions::default(),
+            None,
         )
         .await
         .expect("start");

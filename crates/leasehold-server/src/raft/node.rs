@@ -109,18 +109,20 @@ fn raft_config(options: &RaftOptions) -> anyhow::Result<Arc<Config>> {
 
 impl Consensus {
     /// Opens the log and snapshot under `dir` and starts the node with gRPC
-    /// peers and the system's clock.
+    /// peers (over mutual TLS if `tls` has peer certificates) and the
+    /// system's clock.
     pub async fn start(
         dir: &Path,
         spec: NodeSpec,
         hub: Arc<Hub>,
         options: RaftOptions,
+        tls: Option<Arc<crate::tls::Tls>>,
     ) -> anyhow::Result<Consensus> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("create data dir {}", dir.display()))?;
         let log = LogStore::open_observed(dir, hub.metrics.log_fsync.clone())
             .with_context(|| format!("open raft log in {}", dir.display()))?;
-        let transport = Arc::new(GrpcTransport::from_source(spec.source));
+        let transport = Arc::new(GrpcTransport::new(spec.source, tls));
         let snapshots = Arc::new(FileSnapshots::in_dir(dir));
         let sm = StateMachine::open(snapshots, hub, options.snapshot_every, log.applied_index())
             .with_context(|| format!("open snapshot in {}", dir.display()))?;
@@ -209,7 +211,7 @@ impl Consensus {
             return Ok(false);
         }
         for (&id, addr) in spec.members.iter().filter(|(&id, _)| id != spec.id) {
-            if self.probe(addr).await.is_some_and(|p| p.initialized) {
+            if self.probe(id, addr).await.is_some_and(|p| p.initialized) {
                 tracing::warn!(
                     id = spec.id,
                     peer = id,

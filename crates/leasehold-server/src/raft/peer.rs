@@ -35,8 +35,10 @@ use openraft::Raft;
 use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Request, Response, Status};
+
+use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
 
 use super::{Consensus, Node, NodeId, TypeConfig};
 
@@ -95,10 +97,11 @@ pub enum TransportError {
 /// Carries encoded calls to peers. Between processes this is gRPC
 /// ([`GrpcTransport`]); a simulation carries them over its own network.
 pub trait Transport: Send + Sync + 'static {
-    /// Sends `payload` as `call` to the node at `addr` and returns its
+    /// Sends `payload` as `call` to node `to` at `addr` and returns its
     /// answer, encoded. The caller bounds how long it waits.
     fn call(
         &self,
+        to: NodeId,
         addr: &str,
         call: PeerCall,
         payload: Vec<u8>,
@@ -120,38 +123,51 @@ impl Consensus {
     /// Answers a call from a peer: the encoded answer, or why the call
     /// could not be served. Every transport's server end calls this.
     pub async fn serve_peer(&self, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
-        serve(&self.raft, call, payload).await
+        serve(&self.raft, call, payload, |_| Ok(())).await
     }
 
-    /// The gRPC peer service to serve beside the client API.
-    pub fn peer_service(&self) -> RaftPeerServer<PeerService> {
+    /// The gRPC peer service to serve beside the client API; with
+    /// `require_certificates`, it answers a Raft call only over a connection
+    /// whose peer certificate names the node the call comes from.
+    pub fn peer_service(&self, require_certificates: bool) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {
             raft: self.raft.clone(),
+            require_certificates,
         })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
     }
 
-    /// Asks the node at `addr` about itself; `None` if it does not answer soon.
-    pub(super) async fn probe(&self, addr: &str) -> Option<ProbeReply> {
-        let call = self.transport.call(addr, PeerCall::Probe, Vec::new());
+    /// Asks node `id` at `addr` about itself; `None` if it does not answer soon.
+    pub(super) async fn probe(&self, id: NodeId, addr: &str) -> Option<ProbeReply> {
+        let call = self.transport.call(id, addr, PeerCall::Probe, Vec::new());
         let reply = tokio::time::timeout(PROBE_TIMEOUT, call).await.ok()?.ok()?;
         decode(&reply).ok()
     }
 }
 
-async fn serve(raft: &Raft<TypeConfig>, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
+/// Serves one call; `sender` checks that the node the call says it comes
+/// from (the leader or candidate in its vote) may send it.
+async fn serve(
+    raft: &Raft<TypeConfig>,
+    call: PeerCall,
+    payload: &[u8],
+    sender: impl Fn(NodeId) -> Result<(), String>,
+) -> Result<Vec<u8>, String> {
     match call {
         PeerCall::Append => {
             let rpc: AppendEntriesRequest<TypeConfig> = decode(payload)?;
+            sender(rpc.vote.leader_id().node_id)?;
             encode(&raft.append_entries(rpc).await)
         }
         PeerCall::Vote => {
             let rpc: VoteRequest<NodeId> = decode(payload)?;
+            sender(rpc.vote.leader_id().node_id)?;
             encode(&raft.vote(rpc).await)
         }
         PeerCall::Snapshot => {
             let rpc: InstallSnapshotRequest<TypeConfig> = decode(payload)?;
+            sender(rpc.vote.leader_id().node_id)?;
             encode(&raft.install_snapshot(rpc).await)
         }
         PeerCall::Probe => {
@@ -169,6 +185,7 @@ async fn serve(raft: &Raft<TypeConfig>, call: PeerCall, payload: &[u8]) -> Resul
 /// The gRPC server end, over this node's Raft.
 pub struct PeerService {
     raft: Raft<TypeConfig>,
+    require_certificates: bool,
 }
 
 impl PeerService {
@@ -177,8 +194,28 @@ impl PeerService {
         call: PeerCall,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
-        match serve(&self.raft, call, &request.get_ref().bincode).await {
+        let certificate = request.extensions().get::<PeerCertificate>().cloned();
+        if self.require_certificates && certificate.is_none() {
+            return Err(Status::unauthenticated(
+                "raft calls need a connection with a peer certificate (mutual TLS under the peer CA)",
+            ));
+        }
+        let refused = std::sync::OnceLock::new();
+        let sender = |id: NodeId| match &certificate {
+            Some(cert) if !names_node(cert, id) => {
+                let why = format!(
+                    "the peer certificate does not name node {id} ({}), the node this call comes from",
+                    peer_name(id)
+                );
+                tracing::warn!(node = id, "refused a raft call: {why}");
+                let _ = refused.set(why.clone());
+                Err(why)
+            }
+            _ => Ok(()),
+        };
+        match serve(&self.raft, call, &request.get_ref().bincode, sender).await {
             Ok(bincode) => Ok(Response::new(PeerMessage { bincode })),
+            Err(e) if refused.get().is_some() => Err(Status::permission_denied(e)),
             Err(e) => Err(Status::invalid_argument(e)),
         }
     }
@@ -209,11 +246,25 @@ impl RaftPeer for PeerService {
     }
 }
 
-fn channel(addr: &str, source: Option<IpAddr>) -> Option<Channel> {
-    let endpoint = Channel::from_shared(format!("http://{addr}"))
+fn channel(
+    to: NodeId,
+    addr: &str,
+    source: Option<IpAddr>,
+    tls: Option<&PeerFiles>,
+) -> Option<Channel> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
         .ok()?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        // The peer must show a certificate for the node it is meant to be.
+        let config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&tls.ca))
+            .identity(Identity::from_pem(&tls.cert, &tls.key))
+            .domain_name(peer_name(to));
+        endpoint = endpoint.tls_config(config).ok()?;
+    }
     let Some(source) = source else {
         return Some(endpoint.connect_lazy());
     };
@@ -238,30 +289,48 @@ fn channel(addr: &str, source: Option<IpAddr>) -> Option<Channel> {
     Some(endpoint.connect_with_connector_lazy(connect))
 }
 
+/// A peer's channel (`None`: its address is not one), and the TLS load it
+/// was made with.
+type Made = (u64, Option<Channel>);
+
 /// gRPC to each peer's `RaftPeer` service, one lazily connected channel per
-/// address.
+/// peer, over mutual TLS when the node has peer certificates.
 #[derive(Default)]
 pub struct GrpcTransport {
     /// The local address connections are made from (`None`: any).
     pub source: Option<IpAddr>,
-    channels: Mutex<HashMap<String, Option<Channel>>>,
+    tls: Option<Arc<Tls>>,
+    /// By node and address: the channel, and the TLS load it was made with.
+    channels: Mutex<HashMap<(NodeId, String), Made>>,
+    /// Why each peer could not be reached last, so a new reason is logged
+    /// once (a certificate that does not name the peer, say), not per retry.
+    failing: Arc<Mutex<HashMap<NodeId, String>>>,
 }
 
 impl GrpcTransport {
-    /// Connects from `source` (`None`: any local address).
-    pub fn from_source(source: Option<IpAddr>) -> GrpcTransport {
+    /// Connects from `source` (`None`: any local address), with the peer
+    /// certificates of `tls` if it has them.
+    pub fn new(source: Option<IpAddr>, tls: Option<Arc<Tls>>) -> GrpcTransport {
         GrpcTransport {
             source,
+            tls,
             channels: Mutex::default(),
+            failing: Arc::default(),
         }
     }
 
-    fn client(&self, addr: &str) -> Option<RaftPeerClient<Channel>> {
+    fn client(&self, to: NodeId, addr: &str) -> Option<RaftPeerClient<Channel>> {
+        let tls = self.tls.as_ref().and_then(|t| t.peer_client());
+        let generation = tls.as_ref().map_or(0, |t| t.generation);
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        let channel = channels
-            .entry(addr.to_string())
-            .or_insert_with(|| channel(addr, self.source))
-            .clone()?;
+        let entry = channels
+            .entry((to, addr.to_string()))
+            .or_insert_with(|| (generation, channel(to, addr, self.source, tls.as_ref())));
+        if entry.0 != generation {
+            // Certificates were reloaded: new connections use the new ones.
+            *entry = (generation, channel(to, addr, self.source, tls.as_ref()));
+        }
+        let channel = entry.1.clone()?;
         Some(
             RaftPeerClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE)
@@ -273,11 +342,14 @@ impl GrpcTransport {
 impl Transport for GrpcTransport {
     fn call(
         &self,
+        to: NodeId,
         addr: &str,
         call: PeerCall,
         payload: Vec<u8>,
     ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>> {
-        let client = self.client(addr);
+        let client = self.client(to, addr);
+        let failing = self.failing.clone();
+        let addr = addr.to_string();
         Box::pin(async move {
             let Some(mut client) = client else {
                 return Err(TransportError::Unreachable("not an address".into()));
@@ -289,15 +361,40 @@ impl Transport for GrpcTransport {
                 PeerCall::Snapshot => client.install_snapshot(message).await,
                 PeerCall::Probe => client.probe(message).await,
             };
+            let failing = || failing.lock().unwrap_or_else(|e| e.into_inner());
             match reply {
-                Ok(reply) => Ok(reply.into_inner().bincode),
-                Err(status) if status.code() == tonic::Code::Unavailable => {
-                    Err(TransportError::Unreachable(status.message().to_string()))
+                Ok(reply) => {
+                    if failing().remove(&to).is_some() {
+                        tracing::info!(peer = to, %addr, "peer reachable again");
+                    }
+                    Ok(reply.into_inner().bincode)
                 }
-                Err(status) => Err(TransportError::Failed(status.message().to_string())),
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    let why = reason(&status);
+                    if failing().insert(to, why.clone()).as_ref() != Some(&why) {
+                        tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer");
+                    }
+                    Err(TransportError::Unreachable(why))
+                }
+                Err(status) => Err(TransportError::Failed(reason(&status))),
             }
         })
     }
+}
+
+/// A status's message and the errors under it (a TLS failure is only named
+/// in its sources).
+fn reason(status: &Status) -> String {
+    let mut why = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !why.contains(&text) {
+            why = format!("{why}: {text}");
+        }
+        source = e.source();
+    }
+    why
 }
 
 /// openraft's view of the peers: one [`PeerClient`] per peer, made as it
@@ -357,7 +454,7 @@ impl PeerClient {
         };
         let network = |message: String| RPCError::Network(NetworkError::new(&error(message)));
         let payload = encode(request).map_err(network)?;
-        let sent = self.transport.call(&self.addr, call, payload);
+        let sent = self.transport.call(self.target, &self.addr, call, payload);
         let reply = match tokio::time::timeout(option.soft_ttl(), sent).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(TransportError::Unreachable(message))) => {

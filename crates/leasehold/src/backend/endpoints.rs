@@ -26,6 +26,7 @@ use prost::Message;
 use tonic::transport::Channel;
 
 use super::frames::{CallError, Frames};
+use crate::tls::{ClientTls, TlsOptions};
 use crate::{Error, Result};
 
 /// How long a call looks for a leader before it gives up as unavailable.
@@ -55,6 +56,8 @@ pub(super) struct Endpoints {
     current: Mutex<Arc<Route>>,
     /// Routes made so far, by address, reused when the leader moves back.
     routes: tokio::sync::Mutex<HashMap<String, Arc<Route>>>,
+    /// TLS for every endpoint (`https://`), or none.
+    tls: Option<ClientTls>,
 }
 
 /// How to go on after a call failed at `route`.
@@ -79,17 +82,21 @@ fn not_leader_hint(code: &str, leader: Option<String>) -> Option<Next> {
     }
 }
 
-/// `host:port` of each endpoint of `url` (`http://a:1,b:2` or `http://a:1,http://b:2`).
-fn parse(url: &str) -> Result<Vec<String>> {
+/// `host:port` of each endpoint of `url` (`http://a:1,b:2` or
+/// `http://a:1,http://b:2`), and whether they speak TLS (`https://`).
+fn parse(url: &str) -> Result<(Vec<String>, bool)> {
     let invalid = |why: &str| Error::InvalidArgument(format!("endpoint {url:?}: {why}"));
     let mut addrs = Vec::new();
+    let secure = url.trim_start().starts_with("https://");
     for part in url.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let rest = part
-            .strip_prefix("http://")
-            .or_else(|| part.strip_prefix("leasehold://"))
-            .unwrap_or(part);
-        if rest.starts_with("https://") || part.starts_with("https://") {
-            return Err(invalid("https is not supported yet; use http://"));
+        let (scheme, rest) = part.split_once("://").unwrap_or(("", part));
+        match (scheme, secure) {
+            ("", _) | ("http" | "leasehold", false) | ("https", true) => {}
+            _ => {
+                return Err(invalid(
+                    "every endpoint takes the same scheme: http:// or https://",
+                ))
+            }
         }
         let host_port = rest.trim_end_matches('/');
         let uri: tonic::codegen::http::Uri = format!("http://{host_port}")
@@ -101,22 +108,31 @@ fn parse(url: &str) -> Result<Vec<String>> {
     if addrs.is_empty() {
         return Err(invalid("no address"));
     }
-    Ok(addrs)
+    Ok((addrs, secure))
+}
+
+/// The host of `host:port` (an IPv6 address without its brackets).
+fn host(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 impl Endpoints {
-    /// Connects to the first endpoint of `url` that answers.
-    pub async fn connect(url: &str) -> Result<Endpoints> {
-        let addrs = parse(url)?;
+    /// Connects to the first endpoint of `url` that answers, over TLS
+    /// with `tls` if `url` says `https://`.
+    pub async fn connect(url: &str, tls: &TlsOptions) -> Result<Endpoints> {
+        let (addrs, secure) = parse(url)?;
+        let tls = secure.then(|| ClientTls::load(tls)).transpose()?;
         let routes = tokio::sync::Mutex::new(HashMap::new());
         let mut errors = Vec::new();
         for addr in &addrs {
-            match Self::route_to(&routes, addr).await {
+            match Self::route_to(&routes, addr, tls.as_ref()).await {
                 Ok(route) => {
                     return Ok(Endpoints {
                         addrs,
                         current: Mutex::new(route),
                         routes,
+                        tls,
                     })
                 }
                 Err(e) => errors.push(e),
@@ -128,18 +144,25 @@ impl Endpoints {
     async fn route_to(
         routes: &tokio::sync::Mutex<HashMap<String, Arc<Route>>>,
         addr: &str,
+        tls: Option<&ClientTls>,
     ) -> std::result::Result<Arc<Route>, String> {
         let mut routes = routes.lock().await;
         if let Some(r) = routes.get(addr) {
             return Ok(r.clone());
         }
         // Connects now, so a node that is down fails here, with its reason.
-        let frames = Frames::connect(addr.to_string()).await?;
-        let channel = Channel::from_shared(format!("http://{addr}"))
+        let frames = Frames::connect(addr.to_string(), tls.cloned()).await?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| format!("endpoint {addr:?}: {e}"))?
             .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls.grpc(host(addr)))
+                .map_err(|e| format!("endpoint {addr:?}: TLS: {e}"))?;
+        }
+        let channel = endpoint.connect_lazy();
         let route = Arc::new(Route {
             addr: addr.to_string(),
             frames,
@@ -177,7 +200,7 @@ impl Endpoints {
             targets.push(self.addrs[(at + i) % self.addrs.len()].clone());
         }
         for addr in targets {
-            if let Ok(route) = Self::route_to(&self.routes, &addr).await {
+            if let Ok(route) = Self::route_to(&self.routes, &addr, self.tls.as_ref()).await {
                 *self.current.lock().unwrap_or_else(|e| e.into_inner()) = route;
                 return;
             }

@@ -19,10 +19,14 @@ use futures::StreamExt;
 use leasehold_proto::frame::{Frame, FrameCodec, Op, PREAMBLE, REPLY_ERROR, REPLY_OK};
 use leasehold_proto::v1 as pb;
 use prost::Message;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
 use tokio_util::codec::{Encoder, FramedRead};
+
+use crate::tls::ClientTls;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -72,17 +76,20 @@ pub(super) struct Frames {
 struct Inner {
     /// `host:port`.
     addr: String,
+    /// TLS, for an `https://` endpoint.
+    tls: Option<ClientTls>,
     /// The live connection's queue; `None` or closed when it is gone.
     queue: tokio::sync::Mutex<Option<mpsc::UnboundedSender<Call>>>,
 }
 
 impl Frames {
     /// Connects to `addr` (`host:port`) now, so a wrong address fails here.
-    pub(super) async fn connect(addr: String) -> Result<Frames, String> {
-        let queue = open(&addr).await?;
+    pub(super) async fn connect(addr: String, tls: Option<ClientTls>) -> Result<Frames, String> {
+        let queue = open(&addr, tls.as_ref()).await?;
         Ok(Frames {
             inner: Arc::new(Inner {
                 addr,
+                tls,
                 queue: tokio::sync::Mutex::new(Some(queue)),
             }),
         })
@@ -144,7 +151,9 @@ impl Frames {
         if let Some(q) = queue.as_ref().filter(|q| !q.is_closed()) {
             return Ok(q.clone());
         }
-        let q = open(&self.inner.addr).await.map_err(CallError::Unsent)?;
+        let q = open(&self.inner.addr, self.inner.tls.as_ref())
+            .await
+            .map_err(CallError::Unsent)?;
         *queue = Some(q.clone());
         Ok(q)
     }
@@ -168,25 +177,46 @@ async fn receive<R: Message + Default>(answer: oneshot::Receiver<Reply>) -> Resu
     }
 }
 
-async fn open(addr: &str) -> Result<mpsc::UnboundedSender<Call>, String> {
+async fn open(addr: &str, tls: Option<&ClientTls>) -> Result<mpsc::UnboundedSender<Call>, String> {
+    let (queue, calls) = mpsc::unbounded_channel();
     let connect = async {
-        let mut stream = TcpStream::connect(addr).await?;
+        let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        stream.write_all(PREAMBLE).await?;
-        Ok::<_, std::io::Error>(stream)
+        match tls {
+            None => {
+                let mut stream = stream;
+                stream.write_all(PREAMBLE).await?;
+                let (read, write) = stream.into_split();
+                tokio::spawn(drive(read, write, calls, addr.to_string()));
+            }
+            Some(tls) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+                    .map_err(|e| std::io::Error::other(format!("{host:?}: {e}")))?
+                    .to_owned();
+                let mut stream = TlsConnector::from(tls.rustls.clone())
+                    .connect(name, stream)
+                    .await?;
+                stream.write_all(PREAMBLE).await?;
+                let (read, write) = tokio::io::split(stream);
+                tokio::spawn(drive(read, write, calls, addr.to_string()));
+            }
+        }
+        Ok::<_, std::io::Error>(())
     };
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+    tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
         .map_err(|_| format!("connect to leaseholdd at {addr}: timed out"))?
         .map_err(|e| format!("connect to leaseholdd at {addr}: {e}"))?;
-    let (queue, calls) = mpsc::unbounded_channel();
-    tokio::spawn(drive(stream, calls, addr.to_string()));
     Ok(queue)
 }
 
 /// Owns the socket until it breaks or every handle to it is gone.
-async fn drive(stream: TcpStream, mut calls: mpsc::UnboundedReceiver<Call>, addr: String) {
-    let (read, mut write) = stream.into_split();
+async fn drive<R, W>(read: R, mut write: W, mut calls: mpsc::UnboundedReceiver<Call>, addr: String)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let mut replies = FramedRead::new(read, FrameCodec::replies());
     let mut requests = FrameCodec::requests();
     let mut waiting: HashMap<u64, Pending> = HashMap::new();

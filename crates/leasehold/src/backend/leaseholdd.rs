@@ -39,6 +39,7 @@ use super::endpoints::Endpoints;
 use super::frames::CallError;
 use super::{Acquired, Backend, Guarantee, Hold, LockEvent, LockOptions, LockStatus};
 use crate::keeper::{Keeper, Liveness, RenewError};
+use crate::TlsOptions;
 use crate::{Error, Fence, Result};
 
 /// Attempts for an idempotent request when the server cannot be reached.
@@ -180,9 +181,16 @@ impl CallError {
 impl Leaseholdd {
     /// Connects to `http://host:port`, or to a cluster's nodes,
     /// `http://host1:port,host2:port,...`: calls go to the leader.
+    /// `https://` endpoints trust the system's roots; see [`Self::connect_tls`].
     pub async fn connect(url: &str) -> Result<Leaseholdd> {
+        Self::connect_tls(url, &TlsOptions::default()).await
+    }
+
+    /// Connects as [`Self::connect`], with the CA and client certificate
+    /// of `tls` for `https://` endpoints.
+    pub async fn connect_tls(url: &str, tls: &TlsOptions) -> Result<Leaseholdd> {
         Ok(Leaseholdd {
-            endpoints: Arc::new(Endpoints::connect(url).await?),
+            endpoints: Arc::new(Endpoints::connect(url, tls).await?),
             sessions: Mutex::new(HashMap::new()),
             granting: tokio::sync::Mutex::new(()),
         })

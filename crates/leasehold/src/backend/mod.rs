@@ -16,13 +16,21 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 
 use crate::keeper::Liveness;
+use crate::tls::TlsOptions;
 use crate::{Error, Fence, Result};
 
 /// Opens the backend a URL names.
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
+    connect_tls(url, &TlsOptions::default()).await
+}
+
+/// Opens the backend a URL names; an `https://` leaseholdd with `tls`.
+pub async fn connect_tls(url: &str, tls: &TlsOptions) -> Result<Arc<dyn Backend>> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
     match scheme {
-        "http" | "https" | "leasehold" => Ok(Arc::new(leaseholdd::Leaseholdd::connect(url).await?)),
+        "http" | "https" | "leasehold" => Ok(Arc::new(
+            leaseholdd::Leaseholdd::connect_tls(url, tls).await?,
+        )),
         "memory" => Ok(Arc::new(memory::Memory::default())),
         "redis" | "rediss" => Ok(Arc::new(redis::Redis::connect(url).await?)),
         "redlock" => Ok(Arc::new(redlock::Redlock::connect(url).await?)),
