@@ -342,8 +342,11 @@ pub struct LeaseView {
     pub ttl_ms: u64,
     /// Milliseconds until it expires unless renewed.
     pub ttl_left_ms: u64,
-    /// The keys it holds.
+    /// The keys it holds (in a list, the first of them only; see
+    /// [`LockTable::leases`]).
     pub keys: Vec<String>,
+    /// How many keys it holds.
+    pub key_count: usize,
 }
 
 impl Default for LockTable {
@@ -1214,17 +1217,27 @@ impl LockTable {
 
     /// One lease, as seen at time `now`.
     pub fn lease(&self, id: LeaseId, now: Time) -> Option<LeaseView> {
-        self.leases.get(&id).map(|l| view_lease(id, l, now))
+        self.leases
+            .get(&id)
+            .map(|l| view_lease(id, l, now, usize::MAX))
     }
 
     /// Leases in id order, after the id `start_after` (a cursor: the last id
-    /// of the page before; 0 for the first page), at most `limit`.
-    pub fn leases(&self, start_after: LeaseId, limit: usize, now: Time) -> Vec<LeaseView> {
+    /// of the page before; 0 for the first page), at most `limit`, each with
+    /// at most `max_keys` of its keys (and the count of all of them), so a
+    /// page costs the same whether a lease holds ten keys or a million.
+    pub fn leases(
+        &self,
+        start_after: LeaseId,
+        limit: usize,
+        max_keys: usize,
+        now: Time,
+    ) -> Vec<LeaseView> {
         use std::ops::Bound;
         self.leases
             .range((Bound::Excluded(start_after), Bound::Unbounded))
             .take(limit)
-            .map(|(id, l)| view_lease(*id, l, now))
+            .map(|(id, l)| view_lease(*id, l, now, max_keys))
             .collect()
     }
 
@@ -1362,12 +1375,18 @@ impl LockTable {
     }
 }
 
-fn view_lease(id: LeaseId, lease: &Lease, now: Time) -> LeaseView {
+fn view_lease(id: LeaseId, lease: &Lease, now: Time, max_keys: usize) -> LeaseView {
     LeaseView {
         lease: id,
         holder: lease.holder.to_string(),
         ttl_ms: lease.ttl_ms,
         ttl_left_ms: lease.deadline.saturating_sub(now),
-        keys: lease.held.iter().map(|k| k.to_string()).collect(),
+        keys: lease
+            .held
+            .iter()
+            .take(max_keys)
+            .map(|k| k.to_string())
+            .collect(),
+        key_count: lease.held.len(),
     }
 }

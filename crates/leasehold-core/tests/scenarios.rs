@@ -596,3 +596,31 @@ fn waiters_nobody_comes_back_for_after_a_new_leadership_are_withdrawn() {
         .collect();
     assert_eq!(waiters, vec![c]);
 }
+
+/// A list of leases shows a bounded number of each lease's keys and the
+/// count of all of them; describing one lease shows every key.
+#[test]
+fn lease_lists_cap_the_keys_they_show() {
+    let mut t = T::new();
+    let a = t.lease(10_000, "a");
+    for i in 0..25 {
+        let acquired = t.run(Command::Acquire {
+            lease: a,
+            key: format!("k{i:02}"),
+            wait_ms: 0,
+            lock_delay_ms: 0,
+            request_id: 0,
+        });
+        assert!(
+            matches!(acquired, Ok(Response::Acquired(_))),
+            "{acquired:?}"
+        );
+    }
+    let listed = t.table.leases(0, 10, 10, t.now);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].keys.len(), 10);
+    assert_eq!(listed[0].key_count, 25);
+    assert_eq!(listed[0].keys[0], "k00");
+    let one = t.table.lease(a, t.now).expect("live");
+    assert_eq!((one.keys.len(), one.key_count), (25, 25));
+}

@@ -28,6 +28,9 @@ pub struct Page<T, C> {
     pub next: Option<C>,
 }
 
+/// Keys listed per lease in a list of leases.
+pub const LIST_KEYS_PER_LEASE: usize = 100;
+
 /// A list's page size: 0 is the maximum, and nothing above it.
 fn page_limit(limit: usize) -> usize {
     if limit == 0 {
@@ -444,6 +447,8 @@ impl LockService {
 
     /// Leases in id order, after the id `start_after` (0: from the first);
     /// and the cursor for the next page (the last id), if there are more.
+    /// Each lists at most [`LIST_KEYS_PER_LEASE`] of its keys, and how many
+    /// it holds; describing one lease lists them all.
     pub async fn leases(
         &self,
         start_after: LeaseId,
@@ -452,7 +457,7 @@ impl LockService {
         let limit = page_limit(limit);
         let mut items = self
             .consensus
-            .read(|t, now| t.leases(start_after, limit + 1, now))
+            .read(|t, now| t.leases(start_after, limit + 1, LIST_KEYS_PER_LEASE, now))
             .await?;
         let next = (items.len() > limit).then(|| {
             items.truncate(limit);

@@ -83,6 +83,7 @@ fn lease_info(v: LeaseView) -> pb::LeaseInfo {
         ttl_ms: v.ttl_ms,
         ttl_left_ms: v.ttl_left_ms,
         keys: v.keys,
+        key_count: v.key_count as u64,
     }
 }
 
