@@ -141,6 +141,7 @@ pub fn router(service: LockService) -> Router {
             "/v1/cluster/members/:id",
             axum::routing::delete(remove_member),
         )
+        .merge(super::ui::routes())
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
 }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod frames;
 pub mod grpc;
 pub mod http;
+mod ui;
 
 use crate::service::LockService;
 

@@ -1,0 +1,281 @@
+//! The dashboard at `/ui`, served by a real `leaseholdd` and read by a real
+//! headless browser (Debian's `chromium`, driven through `chromedriver`'s
+//! WebDriver API): a lock taken through the API appears on the page with its
+//! holder and fence, and disappears when it is released; the event stream
+//! shows both.
+//!
+//! `LEASEHOLD_SCREENSHOT=FILE` saves a screenshot of the populated page.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use leasehold_testkit::{free_port, http_get, listening, wait_until, Leaseholdd, Process};
+use serde_json::{json, Value};
+
+/// A chromedriver process and one headless browser session in it.
+struct Browser {
+    _driver: Process,
+    base: String,
+    session: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let driver = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("chromedriver is not installed: apt-get install chromium chromium-driver (scripts/test does)");
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let process = Process::spawn(
+            std::path::Path::new(driver),
+            &[format!("--port={port}")],
+            &dir.path().join("chromedriver.log"),
+        );
+        let addr = format!("127.0.0.1:{port}");
+        wait_until(Duration::from_secs(20), "chromedriver", || listening(&addr));
+        let base = format!("http://{addr}");
+        let http = reqwest::Client::new();
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu",
+                    "--disable-dev-shm-usage", "--window-size=1400,1000",
+                    format!("--user-data-dir={}", dir.path().join("profile").display()),
+                ],
+            },
+        }}});
+        let created: Value = http
+            .post(format!("{base}/session"))
+            .json(&capabilities)
+            .send()
+            .await
+            .expect("create a session")
+            .json()
+            .await
+            .expect("session answer");
+        let session = created["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {created}"))
+            .to_string();
+        Browser {
+            _driver: process,
+            base,
+            session,
+            http,
+            _dir: dir,
+        }
+    }
+
+    async fn command(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let mut request = self.http.request(method.clone(), url);
+        if method != reqwest::Method::GET {
+            request = request.json(&body);
+        }
+        let answer: Value = request
+            .send()
+            .await
+            .expect("webdriver call")
+            .json()
+            .await
+            .expect("webdriver answer");
+        answer["value"].clone()
+    }
+
+    async fn open(&self, url: &str) {
+        self.command(reqwest::Method::POST, "/url", json!({"url": url}))
+            .await;
+    }
+
+    /// The visible text of the element with this id.
+    async fn text(&self, id: &str) -> String {
+        let script = format!("return document.getElementById('{id}').innerText");
+        let value = self
+            .command(
+                reqwest::Method::POST,
+                "/execute/sync",
+                json!({"script": script, "args": []}),
+            )
+            .await;
+        value.as_str().unwrap_or_default().to_string()
+    }
+
+    /// Waits until the element's text satisfies `ok`; the text.
+    async fn wait_text(&self, id: &str, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.text(id).await;
+            if ok(&text) {
+                return text;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the page never showed {what}; #{id} says: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn screenshot(&self) -> Vec<u8> {
+        let png = self
+            .command(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap_or_default())
+            .expect("base64");
+        assert!(png.starts_with(b"\x89PNG"), "no screenshot came back");
+        png
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // The driver process is killed with its handle; the browser with it.
+    }
+}
+
+async fn post(addr: &str, path: &str, body: Value) -> Value {
+    reqwest::Client::new()
+        .post(format!("http://{addr}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json")
+}
+
+#[test]
+fn the_dashboard_is_served_from_the_binary() {
+    let server = Leaseholdd::start();
+    let page = http_get(&server.addr, "/ui").expect("/ui answers");
+    assert!(page.contains("<script src=\"/ui/app.js\">"), "{page}");
+    let script = http_get(&server.addr, "/ui/app.js").expect("script");
+    assert!(script.contains("EventSource"), "{script}");
+    assert!(http_get(&server.addr, "/ui/app.css").is_some());
+    // Nothing on the page comes from elsewhere.
+    assert!(!page.contains("http://") && !page.contains("https://"));
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_a_lock_appear_and_disappear() {
+    let server = Leaseholdd::start();
+    let browser = Browser::start().await;
+    browser.open(&format!("http://{}/ui", server.addr)).await;
+    browser
+        .wait_text("stream", "the event stream connected", |t| t == "live")
+        .await;
+    browser
+        .wait_text("locks", "an empty lock table", |t| {
+            t.contains("no lock held")
+        })
+        .await;
+
+    let taken = post(
+        &server.addr,
+        "/v1/acquire",
+        json!({"key": "payments/nightly", "ttl_ms": 60_000, "holder": "batch-7"}),
+    )
+    .await;
+    let fence = taken["fence"].as_u64().expect("a fence");
+    let locks = browser
+        .wait_text("locks", "the lock appear", |t| {
+            t.contains("payments/nightly")
+        })
+        .await;
+    assert!(locks.contains("batch-7"), "{locks}");
+    browser
+        .wait_text("events", "the acquired event", |t| {
+            t.contains("acquired") && t.contains("payments/nightly")
+        })
+        .await;
+
+    // A populated page, for the README, when asked for.
+    if let Ok(path) = std::env::var("LEASEHOLD_SCREENSHOT") {
+        populate(&server.addr).await;
+        browser
+            .wait_text("locks", "the other locks", |t| t.contains("jobs/reindex"))
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        std::fs::write(path, browser.screenshot().await).expect("write the screenshot");
+    }
+
+    let released = post(
+        &server.addr,
+        "/v1/release",
+        json!({"key": "payments/nightly", "fence": fence}),
+    )
+    .await;
+    assert!(released.get("error").is_none(), "{released}");
+    browser
+        .wait_text("locks", "the lock disappear", |t| {
+            !t.contains("payments/nightly")
+        })
+        .await;
+    browser
+        .wait_text("events", "the released event", |t| t.contains("released"))
+        .await;
+
+    // Search by prefix: only keys under it.
+    post(
+        &server.addr,
+        "/v1/acquire",
+        json!({"key": "jobs/only", "ttl_ms": 60_000}),
+    )
+    .await;
+    post(
+        &server.addr,
+        "/v1/acquire",
+        json!({"key": "other/key", "ttl_ms": 60_000}),
+    )
+    .await;
+    browser
+        .command(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": "document.getElementById('prefix').value = 'jobs/'; document.getElementById('search').requestSubmit();", "args": []}),
+        )
+        .await;
+    let found = browser
+        .wait_text("locks", "only jobs/ keys", |t| {
+            t.contains("jobs/only") && !t.contains("other/key")
+        })
+        .await;
+    assert!(!found.contains("other/key"), "{found}");
+}
+
+/// Holders, waiters and leases enough to look like a working deployment.
+async fn populate(addr: &str) {
+    let keys = [
+        ("jobs/reindex", "indexer-2"),
+        ("jobs/backup", "cron@db-1"),
+        ("payments/settle", "settler-a"),
+        ("reports/daily", "reporter-3"),
+        ("schedulers/leader", "scheduler-b"),
+    ];
+    for (key, holder) in keys {
+        post(
+            addr,
+            "/v1/acquire",
+            json!({"key": key, "ttl_ms": 30_000, "holder": holder}),
+        )
+        .await;
+    }
+    // A waiter in line for one of them.
+    let addr = addr.to_string();
+    tokio::spawn(async move {
+        post(
+            &addr,
+            "/v1/acquire",
+            json!({"key": "jobs/reindex", "ttl_ms": 30_000, "holder": "indexer-5", "wait_ms": 20_000}),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
