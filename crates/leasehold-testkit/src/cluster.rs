@@ -95,7 +95,15 @@ impl Cluster {
     /// Starts `n` nodes, node `id` with the flags `extra(id)` (its own
     /// certificate, say), and waits until one leads.
     pub fn start_each(n: usize, extra: impl Fn(u64) -> Vec<String> + 'static) -> Cluster {
-        Self::launch(n, Box::new(extra), false)
+        let cluster = Self::spawn_each(n, extra);
+        cluster.wait_leader();
+        cluster
+    }
+
+    /// Starts `n` nodes as [`Self::start_each`] does, without waiting for a
+    /// leader (for nodes that do not answer plain HTTP, with TLS for clients).
+    pub fn spawn_each(n: usize, extra: impl Fn(u64) -> Vec<String> + 'static) -> Cluster {
+        Self::spawn(n, Box::new(extra), false)
     }
 
     /// Starts `n` nodes, each on its own 127.0.0.N behind a proxy (see the
@@ -105,6 +113,12 @@ impl Cluster {
     }
 
     fn launch(n: usize, extra: Box<dyn Fn(u64) -> Vec<String>>, isolatable: bool) -> Cluster {
+        let cluster = Self::spawn(n, extra, isolatable);
+        cluster.wait_leader();
+        cluster
+    }
+
+    fn spawn(n: usize, extra: Box<dyn Fn(u64) -> Vec<String>>, isolatable: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let ip = |id: u64| {
             if isolatable {
@@ -145,7 +159,6 @@ impl Cluster {
         for node in &mut cluster.nodes {
             node.start();
         }
-        cluster.wait_leader();
         cluster
     }
 

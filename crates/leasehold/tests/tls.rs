@@ -198,3 +198,108 @@ async fn sighup_reloads_certificates_and_keeps_locks() {
         Ok(c) => c.try_acquire("reload/x", opts()).await.is_err(),
     });
 }
+
+/// A cluster as it would run in production: TLS with client certificates
+/// for clients, mutual TLS between peers under their own CA. A client given
+/// every `https://` endpoint finds the leader, and after the leader is
+/// killed, follows the new one; the lock and its fence survive.
+#[tokio::test]
+async fn a_cluster_with_client_and_peer_tls_fails_over() {
+    use leasehold_testkit::Cluster;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new(dir.path(), "ca");
+    let clients = Ca::new(dir.path(), "clients");
+    let peers = Ca::new(dir.path(), "peers");
+    let served = ca.issue("server", &["127.0.0.1"]);
+    let me = clients.issue("worker", &["worker"]);
+    let node_certs: Vec<Issued> = (1..=3)
+        .map(|id| peers.issue(&format!("node{id}"), &[&format!("{id}.node.leasehold")]))
+        .collect();
+    let (clients_ca, peers_ca) = (clients.cert.clone(), peers.cert.clone());
+    let path = |p: &Path| p.display().to_string();
+    let mut c = Cluster::spawn_each(3, move |id| {
+        let node = &node_certs[id as usize - 1];
+        vec![
+            "--tls-cert".into(),
+            path(&served.cert),
+            "--tls-key".into(),
+            path(&served.key),
+            "--tls-client-ca".into(),
+            path(&clients_ca),
+            "--peer-tls-cert".into(),
+            path(&node.cert),
+            "--peer-tls-key".into(),
+            path(&node.key),
+            "--peer-tls-ca".into(),
+            path(&peers_ca),
+        ]
+    });
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+    let url = format!("https://{}", addrs.join(","));
+    let tls = trusting(&ca.cert).identity_files(&me.cert, &me.key);
+
+    let pem = |p: &Path| std::fs::read(p).unwrap();
+    let mut identity = pem(&me.cert);
+    identity.extend(pem(&me.key));
+    let http = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem(&ca.cert)).unwrap())
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
+        .build()
+        .unwrap();
+    let leader = || async {
+        for (i, addr) in addrs.iter().enumerate() {
+            let health: Option<serde_json::Value> =
+                match http.get(format!("https://{addr}/health")).send().await {
+                    Ok(r) => r.json().await.ok(),
+                    Err(_) => None,
+                };
+            if health.is_some_and(|h| h["leader"] == true) {
+                return Some(i);
+            }
+        }
+        None
+    };
+    let start = Instant::now();
+    let first = loop {
+        if let Some(i) = leader().await {
+            break i;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "no leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    let client = Client::builder(&url)
+        .holder("worker")
+        .tls(tls.clone())
+        .connect()
+        .await
+        .unwrap();
+    let held = client
+        .try_acquire(
+            "tls/cluster",
+            LockOptions::default().ttl(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let fence = held.fence();
+
+    c.kill(first);
+    let other = Client::builder(&url).tls(tls).connect().await.unwrap();
+    let start = Instant::now();
+    loop {
+        match other.try_acquire("tls/cluster", opts()).await {
+            Err(Error::Held { fence: f, .. }) => {
+                assert_eq!(f, fence, "the new leader holds the same grant");
+                break;
+            }
+            Err(e) if start.elapsed() < Duration::from_secs(20) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("after failover: {:?}", other.map(|l| l.fence())),
+        }
+    }
+    let next = leader().await.expect("a new leader");
+    assert_ne!(next, first);
+}
