@@ -56,9 +56,7 @@ async fn a_cluster_forms_replicates_and_fails_over_over_mutual_tls() {
     let _one = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new(dir.path(), "peers");
-    let certs: Vec<Issued> = (1..=3)
-        .map(|id| ca.issue(&format!("node{id}"), &[&format!("{id}.node.leasehold")]))
-        .collect();
+    let certs = ca.node_certs(3);
     let mut c = Cluster::start_each(3, move |id| peer_flags(&ca, &certs[id as usize - 1]));
     let leader = c.wait_leader();
     let (s, r) = post(
@@ -138,9 +136,7 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
     let _one = serial().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new(dir.path(), "peers");
-    let certs: Vec<Issued> = (1..=3)
-        .map(|id| ca.issue(&format!("node{id}"), &[&format!("{id}.node.leasehold")]))
-        .collect();
+    let certs = ca.node_certs(3);
     let two = certs[1].clone();
     let ca_pem = std::fs::read(&ca.cert).unwrap();
     let c = Cluster::start_each(3, move |id| peer_flags(&ca, &certs[id as usize - 1]));

@@ -66,4 +66,12 @@ impl Ca {
         std::fs::write(&issued.key, key.serialize_pem()).expect("write key");
         issued
     }
+
+    /// Peer certificates for nodes 1..=n, node N's naming `N.node.leasehold`
+    /// (index N - 1).
+    pub fn node_certs(&self, n: u64) -> Vec<Issued> {
+        (1..=n)
+            .map(|id| self.issue(&format!("node{id}"), &[&format!("{id}.node.leasehold")]))
+            .collect()
+    }
 }

@@ -212,9 +212,7 @@ async fn a_cluster_with_client_and_peer_tls_fails_over() {
     let peers = Ca::new(dir.path(), "peers");
     let served = ca.issue("server", &["127.0.0.1"]);
     let me = clients.issue("worker", &["worker"]);
-    let node_certs: Vec<Issued> = (1..=3)
-        .map(|id| peers.issue(&format!("node{id}"), &[&format!("{id}.node.leasehold")]))
-        .collect();
+    let node_certs = peers.node_certs(3);
     let (clients_ca, peers_ca) = (clients.cert.clone(), peers.cert.clone());
     let path = |p: &Path| p.display().to_string();
     let mut c = Cluster::spawn_each(3, move |id| {
