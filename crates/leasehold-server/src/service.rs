@@ -120,6 +120,10 @@ pub enum PlantedBug {
     /// Release ignores the token it is given and releases whoever holds the
     /// key now: the blind delete.
     BlindRelease,
+    /// Describing a lock reads this node's own table, on any node, without
+    /// confirming it leads: a follower that lags or a deposed leader answers
+    /// from the past.
+    StaleRead,
 }
 
 /// The operations, over a running consensus node.
@@ -361,7 +365,7 @@ impl LockService {
                     .read_local(|t| t.lock(&key, 0))
                     .and_then(|l| l.holder)
                     .map_or(fence, |h| h.fence),
-                None => fence,
+                _ => fence,
             };
             match self
                 .propose(Command::Release {
@@ -402,6 +406,10 @@ impl LockService {
     /// One lock.
     pub async fn lock(&self, key: &str) -> Result<Option<LockView>, ApiError> {
         limits::validate_key(key)?;
+        #[cfg(feature = "planted-bugs")]
+        if self.planted == Some(PlantedBug::StaleRead) {
+            return Ok(self.consensus.read_local(|t| t.lock(key, 0)));
+        }
         Ok(self.consensus.read(|t, now| t.lock(key, now)).await?)
     }
 

@@ -13,6 +13,11 @@
 //!   noticed) never overlap. Client clocks drift within
 //!   [`MAX_DRIFT`](crate::MAX_DRIFT), which the client's margin on its
 //!   deadline covers, so no slack is given here;
+//! - **reads see acknowledged writes**: a read of who holds a key, sent
+//!   after a release of token F was acknowledged, does not show F holding
+//!   it (no acknowledged release is lost, across crashes too), and one sent
+//!   after a grant of token G on that key was received shows no token below
+//!   G (reads are linearizable: no stale follower or deposed leader answers);
 //! - **no panic** in any host;
 //! - **progress**: once the faults heal, some call succeeds within
 //!   [`HEAL_BOUND`]; the longest time without any successful call is
@@ -47,6 +52,7 @@ pub fn check(records: &[Record], healed: Micros) -> Verdict {
     fences(records, &mut violations);
     resource(records, &mut violations);
     exclusion(records, &mut violations);
+    reads(records, &mut violations);
     for r in records {
         if let Event::Panic { message } = &r.event {
             violations.push(format!("a host panicked at {} µs: {message}", r.at));
@@ -56,6 +62,56 @@ pub fn check(records: &[Record], healed: Micros) -> Verdict {
     Verdict {
         violations,
         longest_unavailable,
+    }
+}
+
+fn reads(records: &[Record], violations: &mut Vec<String>) {
+    // Per key: when each release was acknowledged, and each grant received.
+    let mut released: BTreeMap<(&str, u64), Micros> = BTreeMap::new();
+    let mut granted: BTreeMap<&str, Vec<(Micros, u64)>> = BTreeMap::new();
+    for r in records {
+        match &r.event {
+            Event::Released { key, fence, .. } => {
+                released.entry((key.as_str(), *fence)).or_insert(r.at);
+            }
+            Event::Granted { key, fence, .. } => {
+                granted
+                    .entry(key.as_str())
+                    .or_default()
+                    .push((r.at, *fence));
+            }
+            _ => {}
+        }
+    }
+    for r in records {
+        let Event::Observed {
+            client,
+            key,
+            holder: Some(seen),
+            sent,
+            node,
+        } = &r.event
+        else {
+            continue;
+        };
+        if let Some(at) = released
+            .get(&(key.as_str(), *seen))
+            .filter(|at| **at < *sent)
+        {
+            violations.push(format!(
+                "c{client}'s read of {key} sent at {sent} µs, answered by {node}, shows fence {seen} holding it, though its release was acknowledged at {at} µs"
+            ));
+        }
+        let newer = granted
+            .get(key.as_str())
+            .into_iter()
+            .flatten()
+            .find(|(at, fence)| *at < *sent && *fence > *seen);
+        if let Some((at, fence)) = newer {
+            violations.push(format!(
+                "c{client}'s read of {key} sent at {sent} µs, answered by {node}, shows fence {seen} holding it, though fence {fence} was granted at {at} µs: a stale read"
+            ));
+        }
     }
 }
 

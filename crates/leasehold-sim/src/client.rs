@@ -302,8 +302,41 @@ impl SimClient {
                 };
                 let answer = caller.call(release, quick, ttl).await;
                 self.record_answer("release", &answer);
+                if answer.is_ok() {
+                    self.history.record(Event::Released {
+                        client: self.id,
+                        key: key.clone(),
+                        fence: grant.fence,
+                    });
+                }
             } else {
                 keeper.stop().await;
+            }
+            // Now and then, who holds a key: a read that must see every
+            // write acknowledged before it was sent. It starts at any node
+            // (as after a rotation), not at the one believed to lead.
+            if rng.gen_bool(0.5) {
+                let reader = Caller {
+                    hint: Arc::new(AtomicUsize::new(rng.gen_range(0..self.nodes.len()))),
+                    ..caller.clone()
+                };
+                let sent = self.history.now();
+                let answer = reader
+                    .call(ClientCall::Describe(key.clone()), quick, ttl)
+                    .await;
+                self.record_answer("describe", &answer);
+                if let Ok(ClientAnswer::Holder(holder)) = answer {
+                    // A call that succeeds leaves the hint at the node that answered.
+                    let node =
+                        self.nodes[reader.hint.load(Ordering::Relaxed) % self.nodes.len()].clone();
+                    self.history.record(Event::Observed {
+                        client: self.id,
+                        key: key.clone(),
+                        holder,
+                        sent,
+                        node,
+                    });
+                }
             }
             let answer = caller.call(ClientCall::Revoke(lease), quick, ttl).await;
             self.record_answer("revoke", &answer);

@@ -58,6 +58,28 @@ pub enum Event {
         /// Whether the gate admitted it.
         admitted: bool,
     },
+    /// A client's release was acknowledged.
+    Released {
+        /// The client.
+        client: usize,
+        /// The key.
+        key: String,
+        /// The token released.
+        fence: Fence,
+    },
+    /// A client read who holds a key (a describe sent at `sent`, answered now).
+    Observed {
+        /// The client.
+        client: usize,
+        /// The key.
+        key: String,
+        /// The holder's token, if held.
+        holder: Option<Fence>,
+        /// When the read was sent.
+        sent: Micros,
+        /// The node that answered.
+        node: String,
+    },
     /// A client's call got a final answer.
     Answer {
         /// The client.

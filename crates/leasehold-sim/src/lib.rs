@@ -74,14 +74,17 @@ pub enum Bug {
     BlindRelease,
     /// The client counts its deadline from the grant's answer, not its send.
     DeadlineFromReply,
+    /// Reads answer from the node's own table without confirming it leads.
+    StaleRead,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 3] = [
+    pub const ALL: [Bug; 4] = [
         Bug::AckBeforeFsync,
         Bug::BlindRelease,
         Bug::DeadlineFromReply,
+        Bug::StaleRead,
     ];
 
     /// Its name on the command line.
@@ -90,6 +93,7 @@ impl Bug {
             Bug::AckBeforeFsync => "ack-before-fsync",
             Bug::BlindRelease => "blind-release",
             Bug::DeadlineFromReply => "deadline-from-reply",
+            Bug::StaleRead => "stale-read",
         }
     }
 }
@@ -239,7 +243,11 @@ impl Sandbox {
                 },
                 sync_time: Duration::from_micros(rng.gen_range(2000..15000)),
                 ack_before_sync: bug == Some(Bug::AckBeforeFsync),
-                planted: (bug == Some(Bug::BlindRelease)).then_some(PlantedBug::BlindRelease),
+                planted: match bug {
+                    Some(Bug::BlindRelease) => Some(PlantedBug::BlindRelease),
+                    Some(Bug::StaleRead) => Some(PlantedBug::StaleRead),
+                    _ => None,
+                },
                 net: net.clone(),
                 registry: registry.clone(),
             };

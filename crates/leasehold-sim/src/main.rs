@@ -33,7 +33,8 @@ struct Args {
     /// Seconds of faults before everything heals.
     #[arg(long, default_value_t = 12)]
     faulty_secs: u64,
-    /// Plant a bug: ack-before-fsync, blind-release, deadline-from-reply.
+    /// Plant a bug: ack-before-fsync, blind-release, deadline-from-reply,
+    /// stale-read.
     #[arg(long)]
     bug: Option<Bug>,
     /// Print the whole history of a single seed.

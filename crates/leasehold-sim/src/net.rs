@@ -46,6 +46,8 @@ pub enum ClientCall {
     },
     /// End a lease.
     Revoke(LeaseId),
+    /// Who holds a key (a linearizable read).
+    Describe(String),
 }
 
 /// A node's answer to a [`ClientCall`].
@@ -57,6 +59,8 @@ pub enum ClientAnswer {
     Done,
     /// A key granted.
     Granted(Grant),
+    /// The token of a key's holder, if it is held.
+    Holder(Option<Fence>),
 }
 
 /// What arrives in a node's inbox. The node answers through

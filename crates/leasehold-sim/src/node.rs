@@ -205,5 +205,9 @@ async fn serve(
             .await
             .map(|()| ClientAnswer::Done),
         ClientCall::Revoke(lease) => service.revoke(lease).await.map(|_| ClientAnswer::Done),
+        ClientCall::Describe(key) => service
+            .lock(&key)
+            .await
+            .map(|view| ClientAnswer::Holder(view.and_then(|v| v.holder).map(|h| h.fence))),
     }
 }

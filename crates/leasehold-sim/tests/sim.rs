@@ -99,6 +99,13 @@ fn a_deadline_counted_from_the_reply_is_caught_within_60_seeds() {
     assert_caught(Bug::DeadlineFromReply, 60, "two holders");
 }
 
+#[test]
+fn a_stale_read_is_caught_within_10_seeds() {
+    // A follower answering from its own table shows a holder whose release
+    // was already acknowledged, or one older than a grant already received.
+    assert_caught(Bug::StaleRead, 10, "read of");
+}
+
 fn faults(seeds: std::ops::Range<u64>) -> Vec<Report> {
     seeds.map(|seed| run(&Config::seed(seed))).collect()
 }
@@ -247,4 +254,22 @@ fn regression_seed_907_a_node_whose_raft_stopped_restarts() {
 fn regression_seed_6820_a_node_whose_raft_stopped_restarts() {
     let report = run(&Config::seed(6820));
     assert!(report.passed(), "{:#?}", report.verdict.violations);
+}
+
+/// Seeds 930 and 6706 found stale reads: a leader crashed and came back on
+/// its own persisted vote, leading again at once (openraft 0.9 restores such
+/// a leader), and answered a read from a state machine that lacked entries
+/// it had committed before the crash: openraft's read index starts at the
+/// first entry the leader proposed, not at its last. A read now waits until
+/// the leadership's first tick is applied.
+#[test]
+fn regression_seeds_930_and_6706_a_restarted_leader_reads_nothing_stale() {
+    for seed in [930, 6706] {
+        let report = run(&Config::seed(seed));
+        assert!(
+            report.passed(),
+            "seed {seed}: {:#?}",
+            report.verdict.violations
+        );
+    }
 }

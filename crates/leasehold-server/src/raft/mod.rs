@@ -137,6 +137,18 @@ impl Consensus {
         if self.raft.ensure_linearizable().await.is_err() {
             return Err(self.not_leader());
         }
+        let Some(clock) = self.leader_clock() else {
+            return Err(self.not_leader());
+        };
+        // openraft's read index covers what this leader committed in its
+        // term only from the first entry it proposed in this process: a
+        // leader restarted on its own vote would read a state machine that
+        // still lacks entries it committed before it crashed. This
+        // leadership's first command (the tick that restamps leases) comes
+        // after all of them; once it is applied, so are they.
+        if self.shared.lock().table.epoch() < clock.epoch {
+            let _tick = self.propose(Command::Tick).await?;
+        }
         let Some(now) = self.now() else {
             return Err(self.not_leader());
         };
