@@ -2,32 +2,17 @@
 //! leader, followers that crash or lose their data catching up, a whole
 //! cluster restarting, and membership changes.
 
+mod common;
+
 use std::time::Duration;
 
 use leasehold_testkit::{http_get, metric, wait_until, Cluster};
 use serde_json::{json, Value};
 
-/// One cluster at a time: three to five servers are all two cores take.
-async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    SERIAL.lock().await
-}
-
 fn health(addr: &str) -> Value {
     http_get(addr, "/health")
         .and_then(|b| serde_json::from_str(&b).ok())
         .unwrap_or(Value::Null)
-}
-
-async fn post(addr: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("http://{addr}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 async fn get(addr: &str, path: &str) -> (u16, Value) {
@@ -46,7 +31,7 @@ fn leader_addr(c: &Cluster) -> String {
 /// the leader's address as a field, and serve health with role and term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_forms_once_and_followers_name_the_leader() {
-    let _serial = serial().await;
+    let _serial = common::serial().await;
     let c = Cluster::start(3);
     let leader = c.wait_leader();
     let leaders: Vec<_> = c.nodes.iter().filter(|n| n.leads()).collect();
@@ -58,7 +43,8 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
         assert_eq!(h["term"], term);
         assert_eq!(h["role"], if i == leader { "leader" } else { "follower" });
         if i != leader {
-            let (s, e) = post(&n.addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 5_000})).await;
+            let (s, e) =
+                common::post(&n.addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 5_000})).await;
             assert_eq!(s, 503, "{e}");
             assert_eq!(e["error"]["code"], "not_leader");
             assert_eq!(e["error"]["leader"], json!(c.nodes[leader].addr));
@@ -86,7 +72,7 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
 /// keeps every lock and the token sequence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
-    let _serial = serial().await;
+    let _serial = common::serial().await;
     // Snapshots often, so the wiped node needs one, sent in many small
     // chunks that it must put back together.
     let mut c = Cluster::start_with(
@@ -98,7 +84,7 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
     c.kill(follower);
     let mut fences = Vec::new();
     for i in 0..120 {
-        let (s, r) = post(
+        let (s, r) = common::post(
             &leader,
             "/v1/acquire",
             json!({"key": format!("k{i}"), "ttl_ms": 600_000}),
@@ -137,7 +123,7 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
         (Some("leader"), &term),
         "{h}"
     );
-    let (s, r) = post(
+    let (s, r) = common::post(
         &leader,
         "/v1/acquire",
         json!({"key": "after-wipe", "ttl_ms": 600_000}),
@@ -145,7 +131,7 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
     .await;
     assert_eq!(s, 200, "{r}");
     let release = json!({"key": "after-wipe", "fence": r["fence"]});
-    let (s, r) = post(&leader, "/v1/release", release).await;
+    let (s, r) = common::post(&leader, "/v1/release", release).await;
     assert_eq!(s, 200, "{r}");
     // From a snapshot: the log it needed was purged.
     let metrics = http_get(&leader, "/metrics").unwrap_or_default();
@@ -170,7 +156,7 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
         120,
         "every lock survived"
     );
-    let (s, r) = post(
+    let (s, r) = common::post(
         &leader,
         "/v1/acquire",
         json!({"key": "after", "ttl_ms": 5_000}),
@@ -185,7 +171,7 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
 /// off), rejoins as a follower, and the new leader keeps its term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_member_deposes_no_one() {
-    let _serial = serial().await;
+    let _serial = common::serial().await;
     let mut c = Cluster::start(3);
     for round in 0..2 {
         let old = c.wait_leader();
@@ -193,7 +179,8 @@ async fn a_restarted_member_deposes_no_one() {
         let leader = c.wait_leader();
         let addr = c.nodes[leader].addr.clone();
         let key = format!("k{round}");
-        let (s, r) = post(&addr, "/v1/acquire", json!({"key": key, "ttl_ms": 60_000})).await;
+        let (s, r) =
+            common::post(&addr, "/v1/acquire", json!({"key": key, "ttl_ms": 60_000})).await;
         assert_eq!(s, 200, "{r}");
         tokio::time::sleep(Duration::from_secs(3)).await;
         let term = health(&addr)["term"].clone();
@@ -239,12 +226,12 @@ async fn a_restarted_member_deposes_no_one() {
 /// no quorum is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_are_added_and_removed_and_quorum_is_kept() {
-    let _serial = serial().await;
+    let _serial = common::serial().await;
     let mut c = Cluster::start(3);
     let leader = c.wait_leader();
     let addr = c.nodes[leader].addr.clone();
     for i in 0..20 {
-        post(
+        common::post(
             &addr,
             "/v1/acquire",
             json!({"key": format!("m{i}"), "ttl_ms": 600_000}),
@@ -253,7 +240,7 @@ async fn members_are_added_and_removed_and_quorum_is_kept() {
     }
     let new = c.start_new_node(4);
     let new_addr = c.nodes[new].addr.clone();
-    let (s, r) = post(
+    let (s, r) = common::post(
         &addr,
         "/v1/cluster/members",
         json!({"id": 4, "addr": new_addr}),
@@ -310,12 +297,12 @@ async fn members_are_added_and_removed_and_quorum_is_kept() {
 /// serves, and every lock is still there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_survive_two_kills() {
-    let _serial = serial().await;
+    let _serial = common::serial().await;
     let mut c = Cluster::start(5);
     let leader = c.wait_leader();
     let addr = c.nodes[leader].addr.clone();
     for i in 0..10 {
-        let (s, _) = post(
+        let (s, _) = common::post(
             &addr,
             "/v1/acquire",
             json!({"key": format!("f{i}"), "ttl_ms": 600_000}),
@@ -328,7 +315,7 @@ async fn five_nodes_survive_two_kills() {
     let now = leader_addr(&c);
     let (_, locks) = get(&now, "/v1/locks").await;
     assert_eq!(locks["locks"].as_array().unwrap().len(), 10);
-    let (s, r) = post(
+    let (s, r) = common::post(
         &now,
         "/v1/acquire",
         json!({"key": "after", "ttl_ms": 5_000}),
@@ -342,7 +329,7 @@ async fn five_nodes_survive_two_kills() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_over_grpc() {
     use leasehold_proto::v1 as pb;
-    let _serial = serial().await;
+    let _serial = common::serial().await;
     let mut c = Cluster::start(3);
     let leader = c.wait_leader();
     let follower = (leader + 1) % 3;

@@ -3,6 +3,8 @@
 //! Raft call without a peer certificate is refused, and the flags that must
 //! go together are checked at start.
 
+mod common;
+
 use std::time::Duration;
 
 use bincode::Options;
@@ -14,12 +16,6 @@ use openraft::raft::VoteRequest;
 use openraft::Vote;
 use serde_json::{json, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
-
-/// One cluster at a time: three servers are all two cores take.
-async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    SERIAL.lock().await
-}
 
 /// The peer flags for a node with `cert`.
 fn peer_flags(ca: &Ca, cert: &Issued) -> Vec<String> {
@@ -34,17 +30,6 @@ fn peer_flags(ca: &Ca, cert: &Issued) -> Vec<String> {
     ]
 }
 
-async fn post(addr: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("http://{addr}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 fn cluster_view(addr: &str) -> Value {
     http_get(addr, "/v1/cluster")
         .and_then(|b| serde_json::from_str(&b).ok())
@@ -53,13 +38,13 @@ fn cluster_view(addr: &str) -> Value {
 
 #[tokio::test]
 async fn a_cluster_forms_replicates_and_fails_over_over_mutual_tls() {
-    let _one = serial().await;
+    let _one = common::serial().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new(dir.path(), "peers");
     let certs = ca.node_certs(3);
     let mut c = Cluster::start_each(3, move |id| peer_flags(&ca, &certs[id as usize - 1]));
     let leader = c.wait_leader();
-    let (s, r) = post(
+    let (s, r) = common::post(
         &c.nodes[leader].addr,
         "/v1/acquire",
         json!({"key": "tls/k", "ttl_ms": 60_000}),
@@ -79,7 +64,7 @@ async fn a_cluster_forms_replicates_and_fails_over_over_mutual_tls() {
     c.kill(leader);
     let next = c.wait_leader();
     assert_ne!(next, leader);
-    let (s, r) = post(
+    let (s, r) = common::post(
         &c.nodes[next].addr,
         "/v1/acquire",
         json!({"key": "tls/k", "ttl_ms": 60_000}),
@@ -91,7 +76,7 @@ async fn a_cluster_forms_replicates_and_fails_over_over_mutual_tls() {
 
 #[tokio::test]
 async fn a_node_with_another_nodes_certificate_is_refused() {
-    let _one = serial().await;
+    let _one = common::serial().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new(dir.path(), "peers");
     let one = ca.issue("node1", &["1.node.leasehold"]);
@@ -122,7 +107,7 @@ async fn a_node_with_another_nodes_certificate_is_refused() {
     assert!(three["matched_index"].is_null(), "{view}");
     assert!(!c.nodes[2].leads());
     // The two real nodes serve.
-    let (s, r) = post(
+    let (s, r) = common::post(
         &c.nodes[leader].addr,
         "/v1/acquire",
         json!({"key": "k", "ttl_ms": 5_000}),
@@ -133,7 +118,7 @@ async fn a_node_with_another_nodes_certificate_is_refused() {
 
 #[tokio::test]
 async fn raft_calls_without_a_peer_certificate_are_refused() {
-    let _one = serial().await;
+    let _one = common::serial().await;
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new(dir.path(), "peers");
     let certs = ca.node_certs(3);

@@ -6,6 +6,8 @@
 //!
 //! `LEASEHOLD_SCREENSHOT=FILE` saves a screenshot of the populated page.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -139,18 +141,6 @@ impl Drop for Browser {
     }
 }
 
-async fn post(addr: &str, path: &str, body: Value) -> Value {
-    reqwest::Client::new()
-        .post(format!("http://{addr}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json")
-}
-
 #[test]
 fn the_dashboard_is_served_from_the_binary() {
     let server = Leaseholdd::start();
@@ -177,7 +167,7 @@ async fn the_dashboard_shows_a_lock_appear_and_disappear() {
         })
         .await;
 
-    let taken = post(
+    let (_, taken) = common::post(
         &server.addr,
         "/v1/acquire",
         json!({"key": "payments/nightly", "ttl_ms": 60_000, "holder": "batch-7"}),
@@ -206,7 +196,7 @@ async fn the_dashboard_shows_a_lock_appear_and_disappear() {
         std::fs::write(path, browser.screenshot().await).expect("write the screenshot");
     }
 
-    let released = post(
+    let (_, released) = common::post(
         &server.addr,
         "/v1/release",
         json!({"key": "payments/nightly", "fence": fence}),
@@ -223,13 +213,13 @@ async fn the_dashboard_shows_a_lock_appear_and_disappear() {
         .await;
 
     // Search by prefix: only keys under it.
-    post(
+    common::post(
         &server.addr,
         "/v1/acquire",
         json!({"key": "jobs/only", "ttl_ms": 60_000}),
     )
     .await;
-    post(
+    common::post(
         &server.addr,
         "/v1/acquire",
         json!({"key": "other/key", "ttl_ms": 60_000}),
@@ -260,7 +250,7 @@ async fn populate(addr: &str) {
         ("schedulers/leader", "scheduler-b"),
     ];
     for (key, holder) in keys {
-        post(
+        common::post(
             addr,
             "/v1/acquire",
             json!({"key": key, "ttl_ms": 30_000, "holder": holder}),
@@ -270,7 +260,7 @@ async fn populate(addr: &str) {
     // A waiter in line for one of them.
     let addr = addr.to_string();
     tokio::spawn(async move {
-        post(
+        common::post(
             &addr,
             "/v1/acquire",
             json!({"key": "jobs/reindex", "ttl_ms": 30_000, "holder": "indexer-5", "wait_ms": 20_000}),

@@ -146,3 +146,22 @@ pub fn frame_ok<M: prost::Message + Default>(frame: &leasehold_proto::frame::Fra
     );
     M::decode(frame.body.clone()).expect("reply")
 }
+
+/// POSTs `body` as JSON to `addr` (`host:port`); the status and the JSON answer.
+pub async fn post(addr: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+/// One cluster at a time within a test binary: three to five servers are
+/// all two cores take.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
