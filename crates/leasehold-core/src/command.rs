@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthChange, TokenId};
 use crate::{Fence, LeaseId, RequestId, Time};
 
 /// The leader's stamp on a command: its clock and its term.
@@ -105,6 +106,23 @@ pub enum Command {
     },
     /// Carries time only: expires what is due.
     Tick,
+    /// A command on behalf of a token: applied only if the token is live and
+    /// its role allows it (checked when it applies, so a token revoked a
+    /// moment earlier is refused), and a lease it grants belongs to it.
+    As {
+        /// The token.
+        token: TokenId,
+        /// The command.
+        command: Box<Command>,
+    },
+    /// A change to auth, made at `at_unix_ms` on the proposing leader's
+    /// wall clock (for the audit trail).
+    Auth {
+        /// The change.
+        change: AuthChange,
+        /// Unix milliseconds.
+        at_unix_ms: u64,
+    },
 }
 
 /// Bytes a holder saved with its lock.
@@ -164,6 +182,11 @@ pub enum Response {
     WaitCancelled,
     /// Time advanced.
     Ticked,
+    /// Auth changed; a change that made a token names it.
+    AuthChanged {
+        /// The token created, if any.
+        token: Option<TokenId>,
+    },
 }
 
 /// Why a queued wait ended without a grant.

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::Permission;
 use crate::{Fence, LeaseId};
 
 /// Why a command was refused. A refused command changes nothing in the table.
@@ -60,6 +61,26 @@ pub enum LockError {
         /// The token that holds the key now, if any.
         current: Option<Fence>,
     },
+    /// The request's token is missing, malformed, revoked or wrong.
+    #[error("unauthenticated: {reason}")]
+    Unauthenticated {
+        /// What is wrong with the token.
+        reason: String,
+    },
+    /// The request's token may not do this on this key.
+    #[error("permission denied: {needed} on {} is needed", if key.is_empty() { "every key".to_string() } else { format!("{key:?}") })]
+    PermissionDenied {
+        /// The key (empty: every key, as membership and auth changes need).
+        key: String,
+        /// The permission the token lacks.
+        needed: Permission,
+    },
+    /// The lease belongs to another token.
+    #[error("permission denied: lease {lease} belongs to another token")]
+    NotOwner {
+        /// The lease.
+        lease: LeaseId,
+    },
     /// A wait in the key's queue ended without a grant.
     #[error("timed out waiting for lock {key:?}")]
     WaitTimeout {
@@ -79,6 +100,8 @@ impl LockError {
             LockError::LockDelayed { .. } => "lock_delayed",
             LockError::StaleFence { .. } => "stale_fence",
             LockError::WaitTimeout { .. } => "wait_timeout",
+            LockError::Unauthenticated { .. } => "unauthenticated",
+            LockError::PermissionDenied { .. } | LockError::NotOwner { .. } => "permission_denied",
         }
     }
 

@@ -28,6 +28,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod auth;
 mod command;
 mod error;
 pub mod limits;

@@ -37,6 +37,24 @@ pub fn validate_key(key: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Checks a key prefix (of a list, a watch or a role's rule): like a key,
+/// but it may be empty (every key).
+pub fn validate_prefix(prefix: &str) -> Result<(), LockError> {
+    if prefix.len() > MAX_KEY_LEN {
+        return Err(LockError::invalid(
+            "prefix",
+            format!("is {} bytes; the limit is {MAX_KEY_LEN}", prefix.len()),
+        ));
+    }
+    if prefix.chars().any(char::is_control) {
+        return Err(LockError::invalid(
+            "prefix",
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a lease TTL in milliseconds.
 pub fn validate_ttl(ttl_ms: u64) -> Result<(), LockError> {
     if !(MIN_TTL_MS..=MAX_TTL_MS).contains(&ttl_ms) {

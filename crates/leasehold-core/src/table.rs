@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthState, Permission, TokenId};
 use crate::command::{Checkpoint, Command, Event, Grant, Response, Stamp, WaitEnd};
 use crate::limits;
 use crate::{Fence, LeaseId, LockError, RequestId, Time};
@@ -38,6 +39,8 @@ enum Caller {
     /// A release by the holder of this fencing token (a token names exactly
     /// one hold, so exactly one caller).
     Hold(Fence),
+    /// A request that creates its own lease, on behalf of this token.
+    GrantingAs(TokenId),
 }
 
 /// What a remembered request asked for, to tell a retry from another request
@@ -154,6 +157,8 @@ pub struct LockTable {
     #[serde(serialize_with = "serialize_sorted")]
     answered: Answers,
     answered_order: VecDeque<(Time, Caller, RequestId)>,
+    /// Roles, tokens and the audit trail.
+    auth: AuthState,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +166,8 @@ struct Lease {
     holder: Arc<str>,
     ttl_ms: u64,
     deadline: Time,
+    /// The token that granted it, if auth was on; only that token may use it.
+    owner: Option<TokenId>,
     /// Keys this lease holds. An index over `locks`, sharing its keys; not
     /// in the snapshot (serde would not share the `Arc`s), rebuilt on load.
     #[serde(skip)]
@@ -186,6 +193,7 @@ struct Restored {
     #[serde(deserialize_with = "deserialize_answers")]
     answered: Answers,
     answered_order: VecDeque<(Time, Caller, RequestId)>,
+    auth: AuthState,
 }
 
 impl From<Restored> for LockTable {
@@ -214,6 +222,7 @@ impl From<Restored> for LockTable {
             attach_deadlines: r.attach_deadlines,
             answered: r.answered,
             answered_order: r.answered_order,
+            auth: r.auth,
         }
     }
 }
@@ -347,6 +356,8 @@ pub struct LeaseView {
     pub keys: Vec<String>,
     /// How many keys it holds.
     pub key_count: usize,
+    /// The token that granted it, if auth was on.
+    pub owner: Option<TokenId>,
 }
 
 impl Default for LockTable {
@@ -371,6 +382,7 @@ impl LockTable {
             attach_deadlines: BTreeSet::new(),
             answered: Answers::default(),
             answered_order: VecDeque::new(),
+            auth: AuthState::default(),
         }
     }
 
@@ -430,12 +442,23 @@ impl LockTable {
             self.restamp(now);
         }
         self.advance(now, events);
+        self.run(command, None, events)
+    }
+
+    /// Runs a command for `token` (`None`: for the server itself, or with
+    /// auth off), which it was checked against.
+    fn run(
+        &mut self,
+        command: Command,
+        token: Option<TokenId>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         match command {
             Command::Grant {
                 ttl_ms,
                 holder,
                 request_id,
-            } => self.grant_once(ttl_ms, holder, request_id),
+            } => self.grant_once(ttl_ms, holder, request_id, token),
             Command::KeepAlive { lease } => self.keep_alive(lease),
             Command::Revoke { lease } => self.revoke(lease, events),
             Command::Acquire {
@@ -456,9 +479,9 @@ impl LockTable {
                 ttl_ms,
                 holder,
                 &key,
-                wait_ms,
-                lock_delay_ms,
+                (wait_ms, lock_delay_ms),
                 request_id,
+                token,
                 events,
             ),
             Command::CancelWait {
@@ -473,6 +496,80 @@ impl LockTable {
             } => self.release_once(&key, fence, request_id, events),
             Command::SaveCheckpoint { key, fence, data } => self.save_checkpoint(&key, fence, data),
             Command::Tick => Ok(Response::Ticked),
+            Command::As { token: t, command } => {
+                if token.is_some() {
+                    return Err(LockError::invalid(
+                        "command",
+                        "a command on behalf of a token cannot be nested",
+                    ));
+                }
+                self.authorize(t, &command)?;
+                self.run(*command, Some(t), events)
+            }
+            Command::Auth { change, at_unix_ms } => self
+                .auth
+                .apply(token, at_unix_ms, change)
+                .map(|token| Response::AuthChanged { token }),
+        }
+    }
+
+    // ---- auth ----
+
+    /// Roles, tokens and the audit trail.
+    pub fn auth(&self) -> &AuthState {
+        &self.auth
+    }
+
+    /// Refuses `command` unless `token` may run it: its role's permission on
+    /// the key, and for a command on a lease, that the lease is the token's
+    /// own (or the token has admin on every key; revoking another's lease
+    /// needs admin on every key that lease holds or waits for). A lease
+    /// alone touches no key: granting one needs only a live token. Auth
+    /// changes are checked by [`AuthState::apply`]. With auth off, anything goes.
+    pub fn authorize(&self, token: TokenId, command: &Command) -> Result<(), LockError> {
+        if !self.auth.enabled() {
+            return Ok(());
+        }
+        let t = Some(token);
+        self.auth.highest(t)?;
+        let own = |lease: LeaseId| -> Result<(), LockError> {
+            match self.leases.get(&lease) {
+                Some(l) if l.owner != t && self.auth.permission(t, "")? < Permission::Admin => {
+                    Err(LockError::NotOwner { lease })
+                }
+                // A lease that is gone gets the command's own error.
+                _ => Ok(()),
+            }
+        };
+        match command {
+            Command::Grant { .. } | Command::Tick | Command::Auth { .. } => Ok(()),
+            Command::KeepAlive { lease } | Command::CancelWait { lease, .. } => own(*lease),
+            Command::Revoke { lease } => {
+                if own(*lease).is_ok() {
+                    return Ok(());
+                }
+                let Some(l) = self.leases.get(lease) else {
+                    return Ok(());
+                };
+                if l.held.is_empty() && l.waiting.is_empty() {
+                    return self.auth.check(t, "", Permission::Admin);
+                }
+                l.held
+                    .iter()
+                    .chain(&l.waiting)
+                    .try_for_each(|key| self.auth.check(t, key, Permission::Admin))
+            }
+            Command::Acquire { lease, key, .. } => {
+                self.auth.check(t, key, Permission::Lock)?;
+                own(*lease)
+            }
+            Command::GrantAndAcquire { key, .. }
+            | Command::Release { key, .. }
+            | Command::SaveCheckpoint { key, .. } => self.auth.check(t, key, Permission::Lock),
+            Command::As { .. } => Err(LockError::invalid(
+                "command",
+                "a command on behalf of a token cannot be nested",
+            )),
         }
     }
 
@@ -586,7 +683,7 @@ impl LockTable {
 
     // ---- leases ----
 
-    fn grant(&mut self, ttl_ms: u64, holder: String) -> Outcome {
+    fn grant(&mut self, ttl_ms: u64, holder: String, owner: Option<TokenId>) -> Outcome {
         limits::validate_ttl(ttl_ms)?;
         limits::validate_holder(&holder)?;
         let id = self.next_lease;
@@ -598,6 +695,7 @@ impl LockTable {
                 holder: holder.into(),
                 ttl_ms,
                 deadline,
+                owner,
                 held: BTreeSet::new(),
                 waiting: BTreeSet::new(),
             },
@@ -606,7 +704,13 @@ impl LockTable {
         Ok(Response::LeaseGranted { lease: id, ttl_ms })
     }
 
-    fn grant_once(&mut self, ttl_ms: u64, holder: String, request_id: RequestId) -> Outcome {
+    fn grant_once(
+        &mut self,
+        ttl_ms: u64,
+        holder: String,
+        request_id: RequestId,
+        owner: Option<TokenId>,
+    ) -> Outcome {
         limits::validate_ttl(ttl_ms)?;
         limits::validate_holder(&holder)?;
         let holder: Arc<str> = holder.into();
@@ -614,11 +718,12 @@ impl LockTable {
             ttl_ms,
             holder: holder.clone(),
         };
-        if let Some(first) = self.recall(Caller::Granting, request_id, &asked)? {
+        let caller = owner.map_or(Caller::Granting, Caller::GrantingAs);
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
             return Ok(first);
         }
-        let response = self.grant(ttl_ms, holder.to_string())?;
-        self.remember(Caller::Granting, request_id, asked, response.clone());
+        let response = self.grant(ttl_ms, holder.to_string(), owner)?;
+        self.remember(caller, request_id, asked, response.clone());
         Ok(response)
     }
 
@@ -628,9 +733,9 @@ impl LockTable {
         ttl_ms: u64,
         holder: String,
         key: &str,
-        wait_ms: u64,
-        lock_delay_ms: u64,
+        (wait_ms, lock_delay_ms): (u64, u64),
         request_id: RequestId,
+        owner: Option<TokenId>,
         events: &mut Vec<Event>,
     ) -> Outcome {
         limits::validate_ttl(ttl_ms)?;
@@ -643,7 +748,8 @@ impl LockTable {
             holder: holder.clone(),
             key: key.into(),
         };
-        if let Some(first) = self.recall(Caller::Granting, request_id, &asked)? {
+        let caller = owner.map_or(Caller::Granting, Caller::GrantingAs);
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
             // The retry goes on as the same acquire under the lease the first
             // answer made: the grant it got, or its place in the queue.
             let lease = match first {
@@ -659,11 +765,12 @@ impl LockTable {
                 return Err(self.busy_error(key, lock));
             }
         }
-        let Response::LeaseGranted { lease, .. } = self.grant(ttl_ms, holder.to_string())? else {
+        let Response::LeaseGranted { lease, .. } = self.grant(ttl_ms, holder.to_string(), owner)?
+        else {
             return Err(LockError::invalid("lease", "not granted"));
         };
         let response = self.acquire_once(lease, key, wait_ms, lock_delay_ms, request_id, events)?;
-        self.remember(Caller::Granting, request_id, asked, response.clone());
+        self.remember(caller, request_id, asked, response.clone());
         Ok(response)
     }
 
@@ -1202,6 +1309,18 @@ impl LockTable {
         limit: usize,
         now: Time,
     ) -> Vec<LockView> {
+        self.locks_where(prefix, start_after, limit, now, |_| true)
+    }
+
+    /// [`locks`](Self::locks), of only the keys `visible` keeps.
+    pub fn locks_where(
+        &self,
+        prefix: &str,
+        start_after: Option<&str>,
+        limit: usize,
+        now: Time,
+        visible: impl Fn(&str) -> bool,
+    ) -> Vec<LockView> {
         use std::ops::Bound;
         let from = match start_after {
             Some(after) if after >= prefix => Bound::Excluded(after),
@@ -1210,6 +1329,7 @@ impl LockTable {
         self.locks
             .range::<str, _>((from, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| visible(k))
             .take(limit)
             .map(|(k, l)| self.view_lock(k, l, now))
             .collect()
@@ -1233,9 +1353,23 @@ impl LockTable {
         max_keys: usize,
         now: Time,
     ) -> Vec<LeaseView> {
+        self.leases_where(start_after, limit, max_keys, now, |_| true)
+    }
+
+    /// [`leases`](Self::leases), of only those `visible` keeps (it is given
+    /// each lease's owner).
+    pub fn leases_where(
+        &self,
+        start_after: LeaseId,
+        limit: usize,
+        max_keys: usize,
+        now: Time,
+        visible: impl Fn(Option<TokenId>) -> bool,
+    ) -> Vec<LeaseView> {
         use std::ops::Bound;
         self.leases
             .range((Bound::Excluded(start_after), Bound::Unbounded))
+            .filter(|(_, l)| visible(l.owner))
             .take(limit)
             .map(|(id, l)| view_lease(*id, l, now, max_keys))
             .collect()
@@ -1388,5 +1522,6 @@ fn view_lease(id: LeaseId, lease: &Lease, now: Time, max_keys: usize) -> LeaseVi
             .map(|k| k.to_string())
             .collect(),
         key_count: lease.held.len(),
+        owner: lease.owner,
     }
 }

@@ -7,7 +7,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use leasehold_core::{Command, Event, LockTable, Outcome, Response, Stamp};
+use leasehold_core::auth::{hash_secret, AuthChange, Permission, Rule};
+use leasehold_core::{Command, Event, LockError, LockTable, Outcome, Response, Stamp};
 use proptest::prelude::*;
 
 const KEYS: [&str; 3] = ["a", "b", "c"];
@@ -81,6 +82,8 @@ struct Step {
     /// Whether a new leader took over before this step.
     new_epoch: bool,
     op: Op,
+    /// Which token sends it, in a run with auth on (see [`Tokens`]).
+    token: usize,
 }
 
 fn lease_choice() -> impl Strategy<Value = LeaseChoice> {
@@ -130,8 +133,14 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
             prop_oneof![40 => 0u64..30, 10 => 30u64..300, 1 => 2_000u64..6_000],
             prop::bool::weighted(0.02),
             op(),
+            0usize..3,
         )
-            .prop_map(|(dt, new_epoch, op)| Step { dt, new_epoch, op }),
+            .prop_map(|(dt, new_epoch, op, token)| Step {
+                dt,
+                new_epoch,
+                op,
+                token,
+            }),
         1..150,
     )
 }
@@ -150,7 +159,22 @@ struct Checker {
     released: HashSet<(String, u64, u64)>,
     /// What was applied, for replays.
     log: Vec<(Stamp, Command, Outcome, Vec<Event>)>,
+    /// With auth on: the tokens steps are sent as, and each lease's owner.
+    tokens: Option<Tokens>,
+    owners: HashMap<u64, u64>,
 }
+
+/// The tokens of a run with auth on: root (admin on every key), a worker
+/// (lock on "a" only, read on the rest), and a reader (read on every key).
+#[derive(Clone, Copy, Debug)]
+struct Tokens {
+    ids: [u64; 3],
+    /// The worker's token is revoked at this step.
+    revoke_worker_at: usize,
+}
+
+const ROOT: usize = 0;
+const WORKER: usize = 1;
 
 impl Checker {
     fn new() -> Self {
@@ -163,7 +187,57 @@ impl Checker {
             highest_fence: 0,
             released: HashSet::new(),
             log: Vec::new(),
+            tokens: None,
+            owners: HashMap::new(),
         }
+    }
+
+    /// A checker whose table has auth on, and whose steps are each sent as
+    /// one of three tokens.
+    fn with_auth(revoke_worker_at: usize) -> Self {
+        let mut checker = Checker::new();
+        let stamp = Stamp { now: 0, epoch: 1 };
+        let mut apply = |change| {
+            let command = Command::Auth {
+                change,
+                at_unix_ms: 0,
+            };
+            match checker.table.apply(stamp, command, &mut Vec::new()) {
+                Ok(Response::AuthChanged { token }) => token,
+                other => panic!("{other:?}"),
+            }
+        };
+        let rule = |prefix: &str, permission| Rule {
+            prefix: prefix.into(),
+            permission,
+        };
+        apply(AuthChange::SetRole {
+            name: "worker".into(),
+            rules: vec![rule("a", Permission::Lock), rule("", Permission::Read)],
+        });
+        apply(AuthChange::SetRole {
+            name: "reader".into(),
+            rules: vec![rule("", Permission::Read)],
+        });
+        let mut token = |role: &str| {
+            apply(AuthChange::CreateToken {
+                name: role.into(),
+                role: role.into(),
+                hash: hash_secret(role),
+            })
+            .expect("a token id")
+        };
+        let worker = token("worker");
+        let reader = token("reader");
+        let root = apply(AuthChange::Enable {
+            root_hash: hash_secret("root"),
+        })
+        .expect("a token id");
+        checker.tokens = Some(Tokens {
+            ids: [root, worker, reader],
+            revoke_worker_at,
+        });
+        checker
     }
 
     fn lease(&self, choice: LeaseChoice) -> u64 {
@@ -266,6 +340,23 @@ impl Checker {
             epoch: self.epoch,
         };
 
+        if let Some(tokens) = self.tokens.filter(|t| t.revoke_worker_at == self.log.len()) {
+            // Revoked at the stamp's time, as a step of its own.
+            let revoke = Command::As {
+                token: tokens.ids[ROOT],
+                command: Box::new(Command::Auth {
+                    change: AuthChange::RevokeToken {
+                        id: tokens.ids[WORKER],
+                    },
+                    at_unix_ms: 0,
+                }),
+            };
+            let mut events = Vec::new();
+            let revoked = self.table.apply(stamp, revoke, &mut events);
+            prop_assert!(revoked.is_ok(), "{:?}", revoked);
+            self.observe(&events)?;
+        }
+
         // What the table is once time alone has passed: a refused command must
         // leave exactly this, and the holders the events report must match it.
         let mut time_only = self.table.clone();
@@ -274,7 +365,15 @@ impl Checker {
         self.observe(&time_events)?;
         let before: HashMap<String, (u64, u64)> = self.holders.clone();
 
-        let command = self.command(&step.op);
+        let mut command = self.command(&step.op);
+        let mut sender = None;
+        if let Some(tokens) = self.tokens {
+            sender = Some(step.token);
+            command = Command::As {
+                token: tokens.ids[step.token],
+                command: Box::new(command),
+            };
+        }
         let mut events = Vec::new();
         let outcome = self.table.apply(stamp, command.clone(), &mut events);
         self.table.check_invariants().map_err(TestCaseError::fail)?;
@@ -329,6 +428,12 @@ impl Checker {
         };
         if let Some(lease) = made.filter(|l| !self.granted.contains(l)) {
             self.granted.push(lease);
+            if let (Some(tokens), Some(sender)) = (self.tokens, sender) {
+                self.owners.insert(lease, tokens.ids[sender]);
+            }
+        }
+        if let (Some(tokens), Some(sender)) = (self.tokens, sender) {
+            self.check_scopes(tokens, sender, &command, &outcome, &time_only)?;
         }
 
         for key in KEYS {
@@ -345,6 +450,65 @@ impl Checker {
             );
         }
         self.log.push((stamp, command, outcome, events));
+        Ok(())
+    }
+
+    /// A token does only what its role allows, on its own leases, and
+    /// nothing at all once revoked.
+    fn check_scopes(
+        &self,
+        tokens: Tokens,
+        sender: usize,
+        command: &Command,
+        outcome: &Outcome,
+        before: &LockTable,
+    ) -> Result<(), TestCaseError> {
+        let Command::As { command, .. } = command else {
+            return Ok(());
+        };
+        if sender == WORKER && self.log.len() >= tokens.revoke_worker_at {
+            prop_assert!(
+                matches!(outcome, Err(LockError::Unauthenticated { .. })),
+                "a revoked token ran {:?}: {:?}",
+                command,
+                outcome
+            );
+            return Ok(());
+        }
+        if outcome.is_err() || sender == ROOT {
+            return Ok(());
+        }
+        let key = match &**command {
+            Command::Acquire { key, .. }
+            | Command::GrantAndAcquire { key, .. }
+            | Command::Release { key, .. }
+            | Command::SaveCheckpoint { key, .. } => Some(key.as_str()),
+            _ => None,
+        };
+        if let Some(key) = key {
+            prop_assert!(
+                sender == WORKER && key == "a",
+                "token {} was allowed {:?}",
+                sender,
+                command
+            );
+        }
+        if let Command::KeepAlive { lease }
+        | Command::Revoke { lease }
+        | Command::Acquire { lease, .. }
+        | Command::CancelWait { lease, .. } = &**command
+        {
+            // Every lease here was made with auth on, so has an owner; a
+            // cancel of a wait on a lease that is gone changes nothing.
+            let live = before.lease(*lease, self.now).is_some();
+            prop_assert!(
+                !live || self.owners.get(lease) == Some(&tokens.ids[sender]),
+                "token {} used lease {} it does not own: {:?}",
+                sender,
+                lease,
+                command
+            );
+        }
         Ok(())
     }
 
@@ -395,6 +559,17 @@ proptest! {
     #[test]
     fn random_sequences_keep_every_property(steps in steps()) {
         let mut checker = Checker::new();
+        for step in &steps {
+            checker.step(step)?;
+        }
+    }
+
+    /// With auth on, a token locks only keys its role allows, uses only its
+    /// own leases, is refused everything once revoked, and every other
+    /// property still holds.
+    #[test]
+    fn tokens_stay_inside_their_scopes(steps in steps(), revoke_at in 0usize..200) {
+        let mut checker = Checker::with_auth(revoke_at);
         for step in &steps {
             checker.step(step)?;
         }
