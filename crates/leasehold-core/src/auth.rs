@@ -40,6 +40,7 @@ pub const MAX_NAME_LEN: usize = 128;
 
 /// What a role may do under a prefix. Each level includes the ones below it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Permission {
     /// Nothing: a rule with it carves a subtree out of a wider grant.
     None,
@@ -313,6 +314,13 @@ impl AuthState {
                 needed,
             })
         }
+    }
+
+    /// The role of a live token.
+    pub fn token_role(&self, token: TokenId) -> Option<&Role> {
+        self.tokens
+            .get(&token)
+            .and_then(|t| self.roles.get(&t.role))
     }
 
     /// The roles, by name.

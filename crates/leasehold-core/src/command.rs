@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{AuthChange, TokenId};
+use crate::auth::{AuditEntry, AuthChange, TokenId};
 use crate::{Fence, LeaseId, RequestId, Time};
 
 /// The leader's stamp on a command: its clock and its term.
@@ -110,8 +110,9 @@ pub enum Command {
     /// its role allows it (checked when it applies, so a token revoked a
     /// moment earlier is refused), and a lease it grants belongs to it.
     As {
-        /// The token.
-        token: TokenId,
+        /// The token; `None` for a caller without one, which is refused
+        /// unless auth is off.
+        token: Option<TokenId>,
         /// The command.
         command: Box<Command>,
     },
@@ -254,5 +255,11 @@ pub enum Event {
     LeaseExpired {
         /// The lease.
         lease: LeaseId,
+    },
+    /// Auth changed (roles, tokens, on or off): what a node checked before
+    /// may no longer hold.
+    AuthChanged {
+        /// The change, as the audit trail has it.
+        audit: AuditEntry,
     },
 }

@@ -497,19 +497,18 @@ impl LockTable {
             Command::SaveCheckpoint { key, fence, data } => self.save_checkpoint(&key, fence, data),
             Command::Tick => Ok(Response::Ticked),
             Command::As { token: t, command } => {
-                if token.is_some() {
-                    return Err(LockError::invalid(
-                        "command",
-                        "a command on behalf of a token cannot be nested",
-                    ));
-                }
                 self.authorize(t, &command)?;
-                self.run(*command, Some(t), events)
+                self.run(*command, t, events)
             }
-            Command::Auth { change, at_unix_ms } => self
-                .auth
-                .apply(token, at_unix_ms, change)
-                .map(|token| Response::AuthChanged { token }),
+            Command::Auth { change, at_unix_ms } => {
+                let created = self.auth.apply(token, at_unix_ms, change)?;
+                if let Some(audit) = self.auth.audit().back() {
+                    events.push(Event::AuthChanged {
+                        audit: audit.clone(),
+                    });
+                }
+                Ok(Response::AuthChanged { token: created })
+            }
         }
     }
 
@@ -526,11 +525,17 @@ impl LockTable {
     /// needs admin on every key that lease holds or waits for). A lease
     /// alone touches no key: granting one needs only a live token. Auth
     /// changes are checked by [`AuthState::apply`]. With auth off, anything goes.
-    pub fn authorize(&self, token: TokenId, command: &Command) -> Result<(), LockError> {
+    pub fn authorize(&self, token: Option<TokenId>, command: &Command) -> Result<(), LockError> {
+        if matches!(command, Command::As { .. }) {
+            return Err(LockError::invalid(
+                "command",
+                "a command on behalf of a token cannot be nested",
+            ));
+        }
         if !self.auth.enabled() {
             return Ok(());
         }
-        let t = Some(token);
+        let t = token;
         self.auth.highest(t)?;
         let own = |lease: LeaseId| -> Result<(), LockError> {
             match self.leases.get(&lease) {
@@ -566,10 +571,7 @@ impl LockTable {
             Command::GrantAndAcquire { key, .. }
             | Command::Release { key, .. }
             | Command::SaveCheckpoint { key, .. } => self.auth.check(t, key, Permission::Lock),
-            Command::As { .. } => Err(LockError::invalid(
-                "command",
-                "a command on behalf of a token cannot be nested",
-            )),
+            Command::As { .. } => Ok(()),
         }
     }
 

@@ -343,7 +343,7 @@ impl Checker {
         if let Some(tokens) = self.tokens.filter(|t| t.revoke_worker_at == self.log.len()) {
             // Revoked at the stamp's time, as a step of its own.
             let revoke = Command::As {
-                token: tokens.ids[ROOT],
+                token: Some(tokens.ids[ROOT]),
                 command: Box::new(Command::Auth {
                     change: AuthChange::RevokeToken {
                         id: tokens.ids[WORKER],
@@ -370,7 +370,7 @@ impl Checker {
         if let Some(tokens) = self.tokens {
             sender = Some(step.token);
             command = Command::As {
-                token: tokens.ids[step.token],
+                token: Some(tokens.ids[step.token]),
                 command: Box::new(command),
             };
         }
@@ -382,16 +382,21 @@ impl Checker {
         prop_assert_eq!(&events[..time_events.len()], &time_events[..]);
         self.observe(&events[time_events.len()..])?;
 
+        // With auth on, the command as the table ran it.
+        let inner = match &command {
+            Command::As { command, .. } => &**command,
+            other => other,
+        };
         // A stale token never releases or writes anything.
         if let Command::Release { key, fence, .. } | Command::SaveCheckpoint { key, fence, .. } =
-            &command
+            inner
         {
             let holds = before.get(key).is_some_and(|h| h.1 == *fence);
             // Only a retry of the same release (same key, token and id) is
             // answered "released" without holding.
-            let retried = matches!(&command, Command::Release { request_id, .. }
+            let retried = matches!(inner, Command::Release { request_id, .. }
                 if self.released.contains(&(key.clone(), *fence, *request_id)));
-            if let (Command::Release { request_id, .. }, Ok(_)) = (&command, &outcome) {
+            if let (Command::Release { request_id, .. }, Ok(_)) = (inner, &outcome) {
                 if *request_id != 0 {
                     self.released.insert((key.clone(), *fence, *request_id));
                 }
@@ -416,11 +421,11 @@ impl Checker {
         }
         let made = match &outcome {
             Ok(Response::LeaseGranted { lease, .. }) => Some(*lease),
-            Ok(Response::Acquired(g)) if matches!(command, Command::GrantAndAcquire { .. }) => {
+            Ok(Response::Acquired(g)) if matches!(inner, Command::GrantAndAcquire { .. }) => {
                 Some(g.lease)
             }
             Ok(Response::Queued { lease, .. })
-                if matches!(command, Command::GrantAndAcquire { .. }) =>
+                if matches!(inner, Command::GrantAndAcquire { .. }) =>
             {
                 Some(*lease)
             }
@@ -542,7 +547,9 @@ impl Checker {
                 } => {
                     prop_assert_eq!(self.holders.remove(&**key), Some((*lease, *fence)));
                 }
-                Event::WaitEnded { .. } | Event::LeaseExpired { .. } => {}
+                Event::WaitEnded { .. }
+                | Event::LeaseExpired { .. }
+                | Event::AuthChanged { .. } => {}
             }
         }
         Ok(())

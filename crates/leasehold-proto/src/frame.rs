@@ -51,6 +51,12 @@ pub enum Op {
     Release = 5,
     /// `SaveCheckpoint`.
     SaveCheckpoint = 6,
+    /// Sets the token that the connection's later calls act for
+    /// ([`AuthenticateRequest`](crate::v1::AuthenticateRequest)). Applied in
+    /// order: a call sent after it acts for the token, one sent before it
+    /// does not. A bad token is refused (`unauthenticated`) and leaves the
+    /// connection as it was.
+    Authenticate = 7,
 }
 
 impl TryFrom<u8> for Op {
@@ -64,6 +70,7 @@ impl TryFrom<u8> for Op {
             4 => Op::Acquire,
             5 => Op::Release,
             6 => Op::SaveCheckpoint,
+            7 => Op::Authenticate,
             other => return Err(other),
         })
     }

@@ -218,6 +218,8 @@ pub async fn serve(
     // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
     // hold a response back until the client's delayed ACK.
     let _ = stream.set_nodelay(true);
+    let local = Local::of(&stream);
+    let service = service.from_local(local.0);
     let mut first = [0u8; 1];
     tokio::select! {
         peeked = tokio::time::timeout(limits.header_timeout, stream.peek(&mut first)) => match peeked {
@@ -236,7 +238,7 @@ pub async fn serve(
             let (read, write) = stream.into_split();
             return crate::api::frames::serve(read, write, service, limits, stop).await;
         }
-        return serve_http(TokioIo::new(stream), None, app, limits, stop).await;
+        return serve_http(TokioIo::new(stream), None, local, app, limits, stop).await;
     };
     let opened = async {
         let (mut stream, peer) = tls.accept(stream, limits.header_timeout).await?;
@@ -258,7 +260,21 @@ pub async fn serve(
         let (read, write) = tokio::io::split(stream);
         return crate::api::frames::serve(read, write, service, limits, stop).await;
     }
-    serve_http(TokioIo::new(stream), peer, app, limits, stop).await
+    serve_http(TokioIo::new(stream), peer, local, app, limits, stop).await
+}
+
+/// Whether a connection comes from this machine (loopback, or this host's
+/// own address): a request extension, for what only a local operator may do.
+#[derive(Debug, Clone, Copy)]
+pub struct Local(pub bool);
+
+impl Local {
+    fn of(stream: &TcpStream) -> Local {
+        let (Ok(peer), Ok(own)) = (stream.peer_addr(), stream.local_addr()) else {
+            return Local(false);
+        };
+        Local(peer.ip().is_loopback() || peer.ip() == own.ip())
+    }
 }
 
 /// Serves HTTP/1.1 or HTTP/2 on one connection until it closes, goes idle
@@ -266,6 +282,7 @@ pub async fn serve(
 async fn serve_http<S>(
     io: TokioIo<S>,
     peer: Option<PeerCertificate>,
+    local: Local,
     app: axum::Router,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
@@ -279,6 +296,7 @@ async fn serve_http<S>(
         if let Some(peer) = &peer {
             request.extensions_mut().insert(peer.clone());
         }
+        request.extensions_mut().insert(local);
         let call = app.clone().oneshot(request);
         async move {
             let response = call.await?;

@@ -83,6 +83,18 @@ impl Hub {
             return;
         }
         self.metrics.events(events);
+        for event in events {
+            if let Event::AuthChanged { audit } = event {
+                tracing::info!(
+                    target: "leasehold::audit",
+                    seq = audit.seq,
+                    at_unix_ms = audit.at_unix_ms,
+                    who = %audit.who,
+                    "{}",
+                    audit.what
+                );
+            }
+        }
         {
             let mut waiters = self.waiters();
             if !waiters.is_empty() {

@@ -74,12 +74,17 @@ struct Args {
     /// election: a dead leader is replaced in about 3 to 4 times this.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     election_timeout: Duration,
-    /// Serve on an address that is not loopback without mutual TLS for
-    /// clients (--tls-cert, --tls-key and --tls-client-ca) and, in a
-    /// cluster, between peers: whoever reaches the port could then take,
-    /// release or revoke any lock. Only on a network you trust.
+    /// Serve on an address that is not loopback without TLS (--tls-cert,
+    /// --tls-key), without a way to tell callers apart (client
+    /// certificates, --tls-client-ca, or access tokens, --require-auth) or,
+    /// in a cluster, without peer TLS: whoever reaches the port could then
+    /// take, release or revoke any lock. Only on a network you trust.
     #[arg(long, env = "LEASEHOLD_INSECURE")]
     insecure: bool,
+    /// Every caller needs an access token: while auth is not enabled yet
+    /// (`leasehold auth enable`), only callers on this machine are served.
+    #[arg(long, env = "LEASEHOLD_REQUIRE_AUTH")]
+    require_auth: bool,
     /// The certificate (PEM, chain) clients see; with it the port speaks
     /// TLS only (gRPC, HTTP and the framed protocol alike).
     #[arg(long, env = "LEASEHOLD_TLS_CERT", requires = "tls_key")]
@@ -203,6 +208,7 @@ fn effective_config(args: &Args) -> String {
     line("heartbeat", d(args.heartbeat));
     line("election-timeout", d(args.election_timeout));
     line("insecure", args.insecure.to_string());
+    line("require-auth", args.require_auth.to_string());
     // Paths only: the files' contents (keys) are never printed.
     let paths = [
         ("tls-cert", &args.tls_cert),
@@ -273,8 +279,8 @@ fn exposed(args: &Args, files: &TlsFiles) -> Option<&'static str> {
     if !files.for_clients() {
         return Some("without TLS (--tls-cert, --tls-key)");
     }
-    if files.client_ca.is_none() {
-        return Some("without client certificates (--tls-client-ca), so anyone who reaches it");
+    if files.client_ca.is_none() && !args.require_auth {
+        return Some("without client certificates (--tls-client-ca) or access tokens (--require-auth), so anyone who reaches it");
     }
     if args.peers.is_some() && !files.for_peers() {
         return Some("without peer certificates (--peer-tls-cert, --peer-tls-key, --peer-tls-ca)");
@@ -346,6 +352,7 @@ async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
         },
         cluster,
         tls: tls.clone(),
+        require_auth: args.require_auth,
     };
     if let Some(tls) = tls {
         tokio::spawn(reload_on_hangup(tls));

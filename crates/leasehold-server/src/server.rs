@@ -34,6 +34,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// TLS for clients and peers; `None` for plaintext.
     pub tls: Option<Arc<Tls>>,
+    /// Serve only callers on this machine until auth is enabled.
+    pub require_auth: bool,
 }
 
 /// A node of a cluster.
@@ -81,7 +83,7 @@ pub async fn run(
         let _ = stop_driver.wait_for(|s| *s).await;
     }));
 
-    let service = LockService::new(consensus.clone());
+    let service = LockService::new(consensus.clone()).requiring_auth(config.require_auth);
     let peer_certificates = config
         .tls
         .as_ref()

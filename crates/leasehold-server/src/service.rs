@@ -4,16 +4,20 @@
 //! costs no disk write and changes nothing. The table validates again inside
 //! `apply`, which keeps it safe whatever proposes to it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::auth::{
+    self, AuditEntry, AuthChange, AuthState, Permission, Role, Rule, TokenId, TokenView,
+};
 use leasehold_core::{
-    limits, Command, Event, Fence, Grant, LeaseId, LeaseView, LockError, LockView, RequestId,
-    Response, WaitEnd,
+    limits, Command, Event, Fence, Grant, LeaseId, LeaseView, LockError, LockTable, LockView,
+    RequestId, Response, WaitEnd,
 };
 use tokio::sync::broadcast;
 
 use crate::hub::WaitResult;
-use crate::raft::{Consensus, ConsensusError};
+use crate::raft::{ClusterStatus, Consensus, ConsensusError, NodeId};
 
 /// Lists return at most this many items.
 pub const MAX_LIST: usize = 10_000;
@@ -126,10 +130,20 @@ pub enum PlantedBug {
     StaleRead,
 }
 
-/// The operations, over a running consensus node.
+/// The operations, over a running consensus node, on behalf of whoever
+/// presented [`bearer`](LockService::with_bearer) (nobody, by default).
+///
+/// With auth on, every call is checked against the caller's token: reads
+/// inside the linearizable read, writes by the table when they apply (see
+/// [`LockTable::authorize`]), so a token revoked a moment before is refused.
 #[derive(Clone)]
 pub struct LockService {
     consensus: Consensus,
+    bearer: Option<Arc<str>>,
+    /// Refuse callers from elsewhere while auth is off (`--require-auth`).
+    require_auth: bool,
+    /// The caller is on this machine.
+    local: bool,
     #[cfg(feature = "planted-bugs")]
     planted: Option<PlantedBug>,
 }
@@ -143,9 +157,92 @@ impl LockService {
     pub fn new(consensus: Consensus) -> Self {
         LockService {
             consensus,
+            bearer: None,
+            require_auth: false,
+            local: false,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
+    }
+
+    /// This service, refusing every caller that is not on this machine
+    /// while auth is off (`--require-auth`): a node that listens on the
+    /// network fails closed until an operator on it runs `auth enable`.
+    pub fn requiring_auth(mut self, require: bool) -> Self {
+        self.require_auth = require;
+        self
+    }
+
+    /// This service for a caller on this machine (`local`) or elsewhere.
+    pub fn from_local(&self, local: bool) -> LockService {
+        LockService {
+            local,
+            ..self.clone()
+        }
+    }
+
+    /// This service acting for the holder of `bearer` (a token, without
+    /// the `Bearer ` scheme).
+    pub fn with_bearer(&self, bearer: Option<&str>) -> LockService {
+        LockService {
+            bearer: bearer.map(Arc::from),
+            ..self.clone()
+        }
+    }
+
+    /// The token this call acts for, by `auth`: `None` with auth off.
+    fn caller(&self, auth: &AuthState) -> Result<Option<TokenId>, LockError> {
+        if !auth.enabled() {
+            if self.require_auth && !self.local {
+                return Err(LockError::Unauthenticated {
+                    reason: "this node requires auth (--require-auth) and it is not enabled yet: run `leasehold auth enable` on the node's machine".to_string(),
+                });
+            }
+            return Ok(None);
+        }
+        match &self.bearer {
+            Some(bearer) => auth.authenticate(bearer).map(Some),
+            None => Err(LockError::Unauthenticated {
+                reason: "auth is enabled: present a token (authorization: Bearer <token>)"
+                    .to_string(),
+            }),
+        }
+    }
+
+    /// The caller's token by this node's applied state: a check before
+    /// anything is proposed, so a bad token costs no disk write. The table
+    /// checks again when the command applies.
+    fn caller_here(&self) -> Result<Option<TokenId>, ApiError> {
+        Ok(self.consensus.read_local(|t| self.caller(t.auth()))?)
+    }
+
+    /// Refuses a token this node does not know (with auth off, any token
+    /// passes: it is not looked at).
+    pub fn check_token(&self) -> Result<(), ApiError> {
+        self.caller_here().map(drop)
+    }
+
+    /// Checks, with a live token, that the caller may do `needed` on `key`.
+    fn allowed(&self, t: &LockTable, key: &str, needed: Permission) -> Result<(), LockError> {
+        let who = self.caller(t.auth())?;
+        t.auth().check(who, key, needed)
+    }
+
+    /// A linearizable read on behalf of the caller.
+    async fn read_as<T>(
+        &self,
+        f: impl FnOnce(&LockTable, Option<TokenId>, u64) -> Result<T, LockError>,
+    ) -> Result<T, ApiError> {
+        // A node that is not the leader refuses a token it knows is bad
+        // before it says where the leader is.
+        self.caller_here()?;
+        Ok(self
+            .consensus
+            .read(|t, now| {
+                let who = self.caller(t.auth())?;
+                f(t, who, now)
+            })
+            .await??)
     }
 
     /// This service with `bug` planted in it.
@@ -180,6 +277,19 @@ impl LockService {
         Ok(self.consensus.propose(command).await??)
     }
 
+    /// Proposes a caller's command, on behalf of its token. It is always
+    /// wrapped, with auth off too: a leader that has not yet applied the
+    /// entry that turned auth on still proposes it as the caller's, and the
+    /// table refuses it there.
+    async fn propose_as(&self, command: Command) -> Result<Response, ApiError> {
+        let token = self.caller_here()?;
+        self.propose(Command::As {
+            token,
+            command: Box::new(command),
+        })
+        .await
+    }
+
     /// Creates a lease. A retry with the same `request_id` (and the same TTL
     /// and holder) answers with the lease the first one made.
     pub async fn grant(
@@ -196,7 +306,7 @@ impl LockService {
                 holder,
                 request_id,
             };
-            match self.propose(command).await? {
+            match self.propose_as(command).await? {
                 Response::LeaseGranted { lease, ttl_ms } => Ok((lease, ttl_ms)),
                 other => Err(unexpected(other)),
             }
@@ -207,7 +317,7 @@ impl LockService {
     /// Renews a lease to its full TTL.
     pub async fn keep_alive(&self, lease: LeaseId) -> Result<u64, ApiError> {
         self.measured("keep_alive", async move {
-            match self.propose(Command::KeepAlive { lease }).await? {
+            match self.propose_as(Command::KeepAlive { lease }).await? {
                 Response::Renewed { ttl_ms } => Ok(ttl_ms),
                 other => Err(unexpected(other)),
             }
@@ -218,7 +328,7 @@ impl LockService {
     /// Ends a lease, releasing its locks.
     pub async fn revoke(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
         self.measured("revoke", async move {
-            match self.propose(Command::Revoke { lease }).await? {
+            match self.propose_as(Command::Revoke { lease }).await? {
                 Response::Revoked { released } => Ok(released),
                 other => Err(unexpected(other)),
             }
@@ -259,7 +369,7 @@ impl LockService {
                 }
             };
             if args.wait_ms == 0 {
-                return match self.propose(command).await? {
+                return match self.propose_as(command).await? {
                     Response::Acquired(grant) => Ok(grant),
                     other => Err(unexpected(other)),
                 };
@@ -268,7 +378,7 @@ impl LockService {
                 LeaseSpec::Existing(lease) => lease,
                 // The new lease's id is known only from the answer: queue (or
                 // take the key) first, then wait as that lease.
-                LeaseSpec::New { .. } => match self.propose(command).await? {
+                LeaseSpec::New { .. } => match self.propose_as(command).await? {
                     Response::Acquired(grant) => return Ok(grant),
                     Response::Queued { lease, .. } => {
                         let waited = self.wait(lease, &args).await;
@@ -307,7 +417,7 @@ impl LockService {
             request_id: args.request_id,
         };
         let queued_at = std::time::Instant::now();
-        let first = self.propose(command).await;
+        let first = self.propose_as(command).await;
         let result = match first {
             Ok(Response::Acquired(grant)) => Ok(grant),
             Ok(Response::Queued { .. }) => {
@@ -368,7 +478,7 @@ impl LockService {
                 _ => fence,
             };
             match self
-                .propose(Command::Release {
+                .propose_as(Command::Release {
                     key,
                     fence,
                     request_id,
@@ -393,7 +503,7 @@ impl LockService {
             limits::validate_key(&key)?;
             limits::validate_checkpoint(&data)?;
             match self
-                .propose(Command::SaveCheckpoint { key, fence, data })
+                .propose_as(Command::SaveCheckpoint { key, fence, data })
                 .await?
             {
                 Response::CheckpointSaved => Ok(()),
@@ -410,7 +520,11 @@ impl LockService {
         if self.planted == Some(PlantedBug::StaleRead) {
             return Ok(self.consensus.read_local(|t| t.lock(key, 0)));
         }
-        Ok(self.consensus.read(|t, now| t.lock(key, now)).await?)
+        self.read_as(|t, who, now| {
+            t.auth().check(who, key, Permission::Read)?;
+            Ok(t.lock(key, now))
+        })
+        .await
     }
 
     /// Locks under a prefix, in key order, after the key `start_after`; and
@@ -435,8 +549,14 @@ impl LockService {
         }
         let limit = page_limit(limit);
         let mut items = self
-            .consensus
-            .read(|t, now| t.locks(prefix, start_after, limit + 1, now))
+            .read_as(|t, who, now| {
+                let visible = |key: &str| {
+                    t.auth()
+                        .permission(who, key)
+                        .is_ok_and(|p| p >= Permission::Read)
+                };
+                Ok(t.locks_where(prefix, start_after, limit + 1, now, visible))
+            })
             .await?;
         let next = (items.len() > limit).then(|| {
             items.truncate(limit);
@@ -447,10 +567,14 @@ impl LockService {
 
     /// One live lease; the same error as a keepalive for one that is not.
     pub async fn lease(&self, id: LeaseId) -> Result<LeaseView, ApiError> {
-        Ok(self
-            .consensus
-            .read(|t, now| t.lease(id, now).ok_or_else(|| t.no_lease(id)))
-            .await??)
+        self.read_as(|t, who, now| {
+            let view = t.lease(id, now).ok_or_else(|| t.no_lease(id))?;
+            if !sees_lease(t.auth(), who, view.owner) {
+                return Err(LockError::NotOwner { lease: id });
+            }
+            Ok(view)
+        })
+        .await
     }
 
     /// Leases in id order, after the id `start_after` (0: from the first);
@@ -464,8 +588,10 @@ impl LockService {
     ) -> Result<Page<LeaseView, LeaseId>, ApiError> {
         let limit = page_limit(limit);
         let mut items = self
-            .consensus
-            .read(|t, now| t.leases(start_after, limit + 1, LIST_KEYS_PER_LEASE, now))
+            .read_as(|t, who, now| {
+                let visible = |owner| sees_lease(t.auth(), who, owner);
+                Ok(t.leases_where(start_after, limit + 1, LIST_KEYS_PER_LEASE, now, visible))
+            })
             .await?;
         let next = (items.len() > limit).then(|| {
             items.truncate(limit);
@@ -474,35 +600,228 @@ impl LockService {
         Ok(Page { items, next })
     }
 
-    /// Lock events from now on, for keys under `prefix`.
+    /// Lock events from now on, for keys under `prefix` that the caller
+    /// may read. With auth on, the watch ends (`unauthenticated`) when its
+    /// token is revoked, and follows changes to its role.
     pub fn watch(&self, prefix: String) -> Result<Watch, ApiError> {
         validate_prefix(&prefix)?;
+        // Subscribe first: an auth change from here on is seen as an event.
+        let rx = self.consensus.hub().subscribe();
+        let access = self.consensus.read_local(|t| self.access(t.auth()))?;
         Ok(Watch {
-            rx: self.consensus.hub().subscribe(),
+            rx,
             prefix,
+            access,
+            service: self.clone(),
         })
     }
+
+    /// What the caller may read, to filter a watch.
+    fn access(&self, auth: &AuthState) -> Result<Access, LockError> {
+        let Some(token) = self.caller(auth)? else {
+            return Ok(Access::All);
+        };
+        if auth.highest(Some(token))? < Permission::Read {
+            return Err(LockError::PermissionDenied {
+                key: String::new(),
+                needed: Permission::Read,
+            });
+        }
+        let role = auth.token_role(token).cloned().unwrap_or_default();
+        Ok(Access::Role(role))
+    }
+
+    // ---- cluster ----
+
+    /// Members, roles, term, leader and lag: for any caller with a live token.
+    pub fn cluster_status(&self) -> Result<ClusterStatus, ApiError> {
+        self.caller_here()?;
+        Ok(self.consensus.cluster_status())
+    }
+
+    /// Adds a member (admin on every key).
+    pub async fn add_member(&self, id: NodeId, addr: String) -> Result<ClusterStatus, ApiError> {
+        self.consensus
+            .read_local(|t| self.allowed(t, "", Permission::Admin))?;
+        self.consensus.add_member(id, addr).await
+    }
+
+    /// Removes a member (admin on every key).
+    pub async fn remove_member(&self, id: NodeId) -> Result<ClusterStatus, ApiError> {
+        self.consensus
+            .read_local(|t| self.allowed(t, "", Permission::Admin))?;
+        self.consensus.remove_member(id).await
+    }
+
+    // ---- auth ----
+
+    /// Proposes a change to auth on behalf of the caller (anyone while auth
+    /// is off; then admin on every key). Returns the token it created.
+    async fn change_auth(&self, change: AuthChange) -> Result<Option<TokenId>, ApiError> {
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let command = Command::Auth { change, at_unix_ms };
+        let op = "auth";
+        self.measured(op, async move {
+            match self.propose_as(command).await? {
+                Response::AuthChanged { token } => Ok(token),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
+    }
+
+    /// Turns auth on; returns the root token (admin on every key), which is
+    /// shown this once and stored only as a hash.
+    pub async fn enable_auth(&self) -> Result<NewToken, ApiError> {
+        let secret = new_secret();
+        let root_hash = auth::hash_secret(&secret);
+        let id = self
+            .change_auth(AuthChange::Enable { root_hash })
+            .await?
+            .ok_or_else(|| ApiError::Internal("no root token was made".into()))?;
+        Ok(NewToken {
+            id,
+            token: auth::token_string(id, &secret),
+        })
+    }
+
+    /// Turns auth off.
+    pub async fn disable_auth(&self) -> Result<(), ApiError> {
+        self.change_auth(AuthChange::Disable).await.map(drop)
+    }
+
+    /// Creates a role or replaces its rules.
+    pub async fn set_role(&self, name: String, rules: Vec<Rule>) -> Result<(), ApiError> {
+        self.change_auth(AuthChange::SetRole { name, rules })
+            .await
+            .map(drop)
+    }
+
+    /// Deletes a role that no token uses.
+    pub async fn delete_role(&self, name: String) -> Result<(), ApiError> {
+        self.change_auth(AuthChange::DeleteRole { name })
+            .await
+            .map(drop)
+    }
+
+    /// Creates a token for `role`; its secret is shown this once.
+    pub async fn create_token(&self, name: String, role: String) -> Result<NewToken, ApiError> {
+        let secret = new_secret();
+        let hash = auth::hash_secret(&secret);
+        let id = self
+            .change_auth(AuthChange::CreateToken { name, role, hash })
+            .await?
+            .ok_or_else(|| ApiError::Internal("no token was made".into()))?;
+        Ok(NewToken {
+            id,
+            token: auth::token_string(id, &secret),
+        })
+    }
+
+    /// Revokes a token: every node refuses it once the revocation applies there.
+    pub async fn revoke_token(&self, id: TokenId) -> Result<(), ApiError> {
+        self.change_auth(AuthChange::RevokeToken { id })
+            .await
+            .map(drop)
+    }
+
+    /// Auth as it stands: on or off, roles, tokens (never their secrets or
+    /// hashes), the audit trail. With auth on, for admin on every key.
+    pub async fn auth_state(&self) -> Result<AuthView, ApiError> {
+        self.read_as(|t, who, _| {
+            let auth = t.auth();
+            auth.check(who, "", Permission::Admin)?;
+            Ok(AuthView {
+                enabled: auth.enabled(),
+                roles: auth
+                    .roles()
+                    .iter()
+                    .map(|(name, role)| RoleView {
+                        name: name.clone(),
+                        rules: role.rules.clone(),
+                    })
+                    .collect(),
+                tokens: auth.tokens(),
+                audit: auth.audit().iter().cloned().collect(),
+                caller: who,
+            })
+        })
+        .await
+    }
+}
+
+/// Whether `who` may see a lease owned by `owner`: its own, or any with read
+/// on every key.
+fn sees_lease(auth: &AuthState, who: Option<TokenId>, owner: Option<TokenId>) -> bool {
+    who.is_none()
+        || owner == who
+        || auth
+            .permission(who, "")
+            .is_ok_and(|p| p >= Permission::Read)
+}
+
+/// 32 random bytes, hex: a token's secret.
+fn new_secret() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A token just made: its id and the whole token, shown once.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NewToken {
+    /// The id, to revoke it by.
+    pub id: TokenId,
+    /// `lh_<id>_<secret>`, to present as `Authorization: Bearer <token>`.
+    pub token: String,
+}
+
+/// A role and its rules.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RoleView {
+    /// Its name.
+    pub name: String,
+    /// Its rules, by prefix.
+    pub rules: Vec<Rule>,
+}
+
+/// Auth as `auth_state` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuthView {
+    /// Whether auth is on.
+    pub enabled: bool,
+    /// The roles.
+    pub roles: Vec<RoleView>,
+    /// The live tokens.
+    pub tokens: Vec<TokenView>,
+    /// The audit trail, oldest first (the last [`auth::AUDIT_CAPACITY`]).
+    pub audit: Vec<AuditEntry>,
+    /// The caller's token, if auth is on.
+    pub caller: Option<TokenId>,
+}
+
+/// What a watcher may see.
+enum Access {
+    /// Everything: auth is off.
+    All,
+    /// What this role may read.
+    Role(Role),
 }
 
 /// A key prefix (for lists and watches) is held to the key's length limit.
 fn validate_prefix(prefix: &str) -> Result<(), ApiError> {
-    if prefix.len() > limits::MAX_KEY_LEN {
-        return Err(ApiError::invalid(
-            "prefix",
-            format!(
-                "is {} bytes; the limit is {}",
-                prefix.len(),
-                limits::MAX_KEY_LEN
-            ),
-        ));
-    }
-    Ok(())
+    Ok(limits::validate_prefix(prefix)?)
 }
 
 /// A subscription to lock events under a prefix.
 pub struct Watch {
     rx: broadcast::Receiver<Event>,
     prefix: String,
+    access: Access,
+    service: LockService,
 }
 
 /// What a watcher sees.
@@ -556,9 +875,19 @@ impl Watch {
                     lease,
                     holder,
                 } => ("expired", key, fence, lease, holder),
+                Event::AuthChanged { .. } => {
+                    // The token may be gone, or its role changed.
+                    let service = &self.service;
+                    self.access = service.consensus.read_local(|t| service.access(t.auth()))?;
+                    continue;
+                }
                 _ => continue,
             };
-            if key.starts_with(&self.prefix) {
+            let visible = match &self.access {
+                Access::All => true,
+                Access::Role(role) => role.permission(&key) >= Permission::Read,
+            };
+            if visible && key.starts_with(&self.prefix) {
                 return Ok(WatchEvent {
                     kind,
                     key: key.to_string(),

@@ -78,6 +78,7 @@ pub async fn fencing() -> anyhow::Result<i32> {
         limits: Default::default(),
         cluster: None,
         tls: None,
+        require_auth: false,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(leasehold_server::server::run(

@@ -9,6 +9,8 @@
 //! | `lock_delayed`     | `FAILED_PRECONDITION` | 409  |
 //! | `stale_fence`      | `FAILED_PRECONDITION` | 409  |
 //! | `wait_timeout`     | `DEADLINE_EXCEEDED`   | 408  |
+//! | `unauthenticated`  | `UNAUTHENTICATED`     | 401  |
+//! | `permission_denied`| `PERMISSION_DENIED`   | 403  |
 //! | `not_leader`       | `UNAVAILABLE`         | 503  |
 //! | `unavailable`      | `UNAVAILABLE`         | 503  |
 //! | `outcome_unknown`  | `UNAVAILABLE`         | 503  |
@@ -18,8 +20,9 @@
 //!
 //! gRPC statuses carry the code in the `leasehold-code` metadata entry, plus
 //! `leasehold-holder`, `leasehold-lease` and `leasehold-fence` for `held`,
-//! `leasehold-current-fence` for `stale_fence`, and `leasehold-leader` for
-//! `not_leader`. HTTP bodies are `{"error": {"code", "message", ...}}`. The
+//! `leasehold-current-fence` for `stale_fence`, `leasehold-leader` for
+//! `not_leader`, and `leasehold-key` and `leasehold-needed` (or
+//! `leasehold-lease`) for `permission_denied`. HTTP bodies are `{"error": {"code", "message", ...}}`. The
 //! framed protocol sends an `ErrorReply` with the code, the message and the
 //! same details by their names without the `leasehold-` prefix.
 
@@ -38,6 +41,10 @@ fn grpc_code(e: &ApiError) -> tonic::Code {
         ApiError::Lock(LockError::Invalid { .. }) => tonic::Code::InvalidArgument,
         ApiError::Lock(LockError::LeaseNotFound { .. }) => tonic::Code::NotFound,
         ApiError::Lock(LockError::WaitTimeout { .. }) => tonic::Code::DeadlineExceeded,
+        ApiError::Lock(LockError::Unauthenticated { .. }) => tonic::Code::Unauthenticated,
+        ApiError::Lock(LockError::PermissionDenied { .. } | LockError::NotOwner { .. }) => {
+            tonic::Code::PermissionDenied
+        }
         ApiError::Lock(_) => tonic::Code::FailedPrecondition,
         ApiError::Consensus(_) => tonic::Code::Unavailable,
         ApiError::NotFound(_) | ApiError::MethodNotAllowed(_) => tonic::Code::Unimplemented,
@@ -51,6 +58,10 @@ fn http_status(e: &ApiError) -> StatusCode {
         ApiError::Lock(LockError::LeaseNotFound { .. }) => StatusCode::NOT_FOUND,
         ApiError::Lock(LockError::LeaseExpired { .. }) => StatusCode::GONE,
         ApiError::Lock(LockError::WaitTimeout { .. }) => StatusCode::REQUEST_TIMEOUT,
+        ApiError::Lock(LockError::Unauthenticated { .. }) => StatusCode::UNAUTHORIZED,
+        ApiError::Lock(LockError::PermissionDenied { .. } | LockError::NotOwner { .. }) => {
+            StatusCode::FORBIDDEN
+        }
         ApiError::Lock(_) => StatusCode::CONFLICT,
         ApiError::Consensus(_) => StatusCode::SERVICE_UNAVAILABLE,
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -84,6 +95,10 @@ fn details(e: &ApiError) -> Vec<(&'static str, String)> {
         ApiError::Lock(LockError::LockDelayed { left_ms, .. }) => {
             vec![("delay-left-ms", left_ms.to_string())]
         }
+        ApiError::Lock(LockError::PermissionDenied { key, needed }) => {
+            vec![("key", key.clone()), ("needed", needed.to_string())]
+        }
+        ApiError::Lock(LockError::NotOwner { lease }) => vec![("lease", lease.to_string())],
         ApiError::Consensus(ConsensusError::NotLeader { leader: Some(l) }) => {
             vec![("leader", l.clone())]
         }
@@ -129,9 +144,12 @@ impl IntoResponse for ApiError {
         body.insert("message".into(), json!(self.to_string()));
         for (name, value) in details(&self) {
             let name = name.replace('-', "_");
-            let v = value
-                .parse::<u64>()
-                .map_or_else(|_| json!(value), |n| json!(n));
+            // Names (a key, a holder) stay strings even when they look like numbers.
+            let text = matches!(name.as_str(), "key" | "holder" | "needed" | "leader");
+            let v = match value.parse::<u64>() {
+                Ok(n) if !text => json!(n),
+                _ => json!(value),
+            };
             body.insert(name, v);
         }
         (http_status(&self), axum::Json(json!({ "error": body }))).into_response()

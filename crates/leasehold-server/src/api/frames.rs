@@ -53,6 +53,10 @@ async fn call(service: &LockService, op: Op, body: Bytes) -> Result<Vec<u8>, Api
         Op::SaveCheckpoint => calls::save_checkpoint(service, decode(body)?)
             .await?
             .encode_to_vec(),
+        // Handled in order by the connection's loop, never here.
+        Op::Authenticate => {
+            return Err(ApiError::Internal("authenticate out of order".into()));
+        }
     })
 }
 
@@ -71,6 +75,27 @@ async fn answer(service: LockService, request: Frame) -> Frame {
     }
 }
 
+/// Takes an authenticate frame: the connection acts for its token from
+/// here on, if the token is good now; otherwise nothing changes.
+fn authenticate(service: &mut LockService, request: Frame) -> Frame {
+    let checked = decode::<pb::AuthenticateRequest>(request.body).and_then(|r| {
+        let next = service.with_bearer(Some(&r.token));
+        next.check_token()?;
+        Ok(next)
+    });
+    match checked {
+        Ok(next) => {
+            *service = next;
+            Frame {
+                id: request.id,
+                tag: REPLY_OK,
+                body: pb::AuthenticateResponse {}.encode_to_vec().into(),
+            }
+        }
+        Err(e) => Frame::new(request.id, REPLY_ERROR, &pb::ErrorReply::from(e)),
+    }
+}
+
 /// Serves one connection (its two halves) whose first byte was the preamble's, until the
 /// client closes it or `stop` turns true (calls in flight then finish first).
 ///
@@ -79,7 +104,7 @@ async fn answer(service: LockService, request: Frame) -> Frame {
 pub async fn serve<R, W>(
     mut read: R,
     mut write: W,
-    service: LockService,
+    mut service: LockService,
     limits: Limits,
     mut stop: watch::Receiver<bool>,
 ) where
@@ -111,9 +136,14 @@ pub async fn serve<R, W>(
             }
             request = requests.next(), if reading && in_flight.len() < MAX_IN_FLIGHT => {
                 match request {
+                    Some(Ok(frame)) if frame.tag == Op::Authenticate as u8 => {
+                        last_call = tokio::time::Instant::now();
+                        let reply = authenticate(&mut service, frame);
+                        in_flight.push(futures::future::ready(reply).boxed());
+                    }
                     Some(Ok(frame)) => {
                         last_call = tokio::time::Instant::now();
-                        in_flight.push(answer(service.clone(), frame));
+                        in_flight.push(answer(service.clone(), frame).boxed());
                     }
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "closing a framed connection");

@@ -95,56 +95,87 @@ fn reply<T>(result: Result<T, ApiError>) -> Result<Response<T>, Status> {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::LockEvent, Status>> + Send>>;
 
+impl Grpc {
+    /// The service acting for the request's bearer token (metadata
+    /// `authorization: Bearer <token>`), and the message.
+    #[allow(clippy::result_large_err)]
+    fn caller<T>(&self, request: Request<T>) -> Result<(LockService, T), Status> {
+        let bearer = match request.metadata().get("authorization") {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(super::bearer)
+                    .ok_or_else(|| Status::from(super::malformed_authorization()))?,
+            ),
+        };
+        let local = request
+            .extensions()
+            .get::<crate::conn::Local>()
+            .is_some_and(|l| l.0);
+        let service = self.service.from_local(local).with_bearer(bearer);
+        Ok((service, request.into_inner()))
+    }
+}
+
 #[tonic::async_trait]
 impl Leasehold for Grpc {
     async fn grant(
         &self,
         request: Request<pb::GrantRequest>,
     ) -> Result<Response<pb::GrantResponse>, Status> {
-        reply(calls::grant(&self.service, request.into_inner()).await)
+        let (s, r) = self.caller(request)?;
+        reply(calls::grant(&s, r).await)
     }
 
     async fn keep_alive(
         &self,
         request: Request<pb::KeepAliveRequest>,
     ) -> Result<Response<pb::KeepAliveResponse>, Status> {
-        reply(calls::keep_alive(&self.service, request.into_inner()).await)
+        let (s, r) = self.caller(request)?;
+        reply(calls::keep_alive(&s, r).await)
     }
 
     async fn revoke(
         &self,
         request: Request<pb::RevokeRequest>,
     ) -> Result<Response<pb::RevokeResponse>, Status> {
-        reply(calls::revoke(&self.service, request.into_inner()).await)
+        let (s, r) = self.caller(request)?;
+        reply(calls::revoke(&s, r).await)
     }
 
     async fn acquire(
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        reply(calls::acquire(&self.service, request.into_inner()).await)
+        let (s, r) = self.caller(request)?;
+        reply(calls::acquire(&s, r).await)
     }
 
     async fn release(
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        reply(calls::release(&self.service, request.into_inner()).await)
+        let (s, r) = self.caller(request)?;
+        reply(calls::release(&s, r).await)
     }
 
     async fn save_checkpoint(
         &self,
         request: Request<pb::SaveCheckpointRequest>,
     ) -> Result<Response<pb::SaveCheckpointResponse>, Status> {
-        reply(calls::save_checkpoint(&self.service, request.into_inner()).await)
+        let (s, r) = self.caller(request)?;
+        reply(calls::save_checkpoint(&s, r).await)
     }
 
     async fn describe_lock(
         &self,
         request: Request<pb::DescribeLockRequest>,
     ) -> Result<Response<pb::LockInfo>, Status> {
-        let key = request.into_inner().key;
-        let view = self.service.lock(&key).await?;
+        let (s, r) = self.caller(request)?;
+        let key = r.key;
+        let view = s.lock(&key).await?;
         Ok(Response::new(lock_info(&key, view)))
     }
 
@@ -152,9 +183,8 @@ impl Leasehold for Grpc {
         &self,
         request: Request<pb::ListLocksRequest>,
     ) -> Result<Response<pb::ListLocksResponse>, Status> {
-        let r = request.into_inner();
-        let page = self
-            .service
+        let (s, r) = self.caller(request)?;
+        let page = s
             .locks(&r.prefix, Some(r.start_after.as_str()), r.limit as usize)
             .await?;
         Ok(Response::new(pb::ListLocksResponse {
@@ -171,16 +201,16 @@ impl Leasehold for Grpc {
         &self,
         request: Request<pb::DescribeLeaseRequest>,
     ) -> Result<Response<pb::LeaseInfo>, Status> {
-        let lease = request.into_inner().lease_id;
-        Ok(Response::new(lease_info(self.service.lease(lease).await?)))
+        let (s, r) = self.caller(request)?;
+        Ok(Response::new(lease_info(s.lease(r.lease_id).await?)))
     }
 
     async fn list_leases(
         &self,
         request: Request<pb::ListLeasesRequest>,
     ) -> Result<Response<pb::ListLeasesResponse>, Status> {
-        let r = request.into_inner();
-        let page = self.service.leases(r.start_after, r.limit as usize).await?;
+        let (s, r) = self.caller(request)?;
+        let page = s.leases(r.start_after, r.limit as usize).await?;
         Ok(Response::new(pb::ListLeasesResponse {
             leases: page.items.into_iter().map(lease_info).collect(),
             next_start_after: page.next,
@@ -189,19 +219,18 @@ impl Leasehold for Grpc {
 
     async fn cluster_status(
         &self,
-        _request: Request<pb::ClusterStatusRequest>,
+        request: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        Ok(Response::new(cluster_status(
-            self.service.consensus().cluster_status(),
-        )))
+        let (s, _) = self.caller(request)?;
+        Ok(Response::new(cluster_status(s.cluster_status()?)))
     }
 
     async fn add_member(
         &self,
         request: Request<pb::AddMemberRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        let r = request.into_inner();
-        let status = self.service.consensus().add_member(r.id, r.addr).await?;
+        let (s, r) = self.caller(request)?;
+        let status = s.add_member(r.id, r.addr).await?;
         Ok(Response::new(cluster_status(status)))
     }
 
@@ -209,11 +238,8 @@ impl Leasehold for Grpc {
         &self,
         request: Request<pb::RemoveMemberRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
-        let status = self
-            .service
-            .consensus()
-            .remove_member(request.into_inner().id)
-            .await?;
+        let (s, r) = self.caller(request)?;
+        let status = s.remove_member(r.id).await?;
         Ok(Response::new(cluster_status(status)))
     }
 
@@ -223,8 +249,8 @@ impl Leasehold for Grpc {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let prefix = request.into_inner().prefix;
-        let watch = self.service.watch(prefix)?;
+        let (s, r) = self.caller(request)?;
+        let watch = s.watch(r.prefix)?;
         let stream = futures::stream::unfold(Some(watch), |watch| async move {
             let mut watch = watch?;
             match watch.next().await {

@@ -17,6 +17,16 @@
 //! | `GET /v1/cluster`                | members, roles, term, leader, lag            |
 //! | `POST /v1/cluster/members`       | add `{id, addr}`: learner, caught up, voter  |
 //! | `DELETE /v1/cluster/members/ID`  | remove a member                              |
+//! | `GET /v1/auth`                   | auth on/off, roles, tokens, audit trail      |
+//! | `POST /v1/auth/enable`           | turn auth on; answers the root token         |
+//! | `POST /v1/auth/disable`          | turn auth off                                |
+//! | `PUT /v1/auth/roles/NAME`        | set a role `{rules: [{prefix, permission}]}` |
+//! | `DELETE /v1/auth/roles/NAME`     | delete a role no token uses                  |
+//! | `POST /v1/auth/tokens`           | create a token `{name, role}`                |
+//! | `DELETE /v1/auth/tokens/ID`      | revoke a token                               |
+//!
+//! With auth on, every route but `/health`, `/metrics` and the dashboard's
+//! files needs `Authorization: Bearer <token>` (see `docs/auth.md`).
 
 //!
 //! Every error, including an unknown path, a wrong method, an undecodable
@@ -34,6 +44,7 @@ use axum::{async_trait, Json, Router};
 use base64::Engine;
 use bytes::Bytes;
 use futures::Stream;
+use leasehold_core::auth::Rule;
 use leasehold_core::{LeaseId, LockView};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -74,6 +85,33 @@ impl<S: Send + Sync> FromRequestParts<S> for Param {
             .await
             .map(|p| Param(p.0))
             .map_err(|e| ApiError::invalid("path", e.body_text()))
+    }
+}
+
+/// The service acting for the request's bearer token (`Authorization:
+/// Bearer <token>`), if it has one.
+struct Caller(LockService);
+
+#[async_trait]
+impl FromRequestParts<LockService> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, service: &LockService) -> Result<Self> {
+        let bearer = match parts.headers.get(axum::http::header::AUTHORIZATION) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(super::bearer)
+                    .ok_or_else(super::malformed_authorization)?,
+            ),
+        };
+        let local = parts
+            .extensions
+            .get::<crate::conn::Local>()
+            .is_some_and(|l| l.0);
+        Ok(Caller(service.from_local(local).with_bearer(bearer)))
     }
 }
 
@@ -136,6 +174,15 @@ pub fn router(service: LockService) -> Router {
         .route("/v1/locks/*key", get(describe_lock))
         .route("/v1/watch", get(watch))
         .route("/v1/cluster", get(cluster_status))
+        .route("/v1/auth", get(auth_state))
+        .route("/v1/auth/enable", post(enable_auth))
+        .route("/v1/auth/disable", post(disable_auth))
+        .route(
+            "/v1/auth/roles/:name",
+            axum::routing::put(set_role).delete(delete_role),
+        )
+        .route("/v1/auth/tokens", post(create_token))
+        .route("/v1/auth/tokens/:id", axum::routing::delete(revoke_token))
         .route("/v1/cluster/members", post(add_member))
         .route(
             "/v1/cluster/members/:id",
@@ -188,7 +235,7 @@ struct GrantBody {
     request_id: u64,
 }
 
-async fn grant(State(s): State<LockService>, Body(b): Body<GrantBody>) -> Result<Json<Value>> {
+async fn grant(Caller(s): Caller, Body(b): Body<GrantBody>) -> Result<Json<Value>> {
     let (lease, ttl_ms) = s.grant(b.ttl_ms, b.holder, b.request_id).await?;
     Ok(Json(json!({ "lease": lease, "ttl_ms": ttl_ms })))
 }
@@ -202,17 +249,14 @@ struct LeasesQuery {
     start_after: LeaseId,
 }
 
-async fn list_leases(
-    State(s): State<LockService>,
-    Query(q): Query<LeasesQuery>,
-) -> Result<Json<Value>> {
+async fn list_leases(Caller(s): Caller, Query(q): Query<LeasesQuery>) -> Result<Json<Value>> {
     let page = s.leases(q.start_after, q.limit).await?;
     Ok(Json(
         json!({ "leases": page.items, "next_start_after": page.next }),
     ))
 }
 
-async fn describe_lease(State(s): State<LockService>, Param(id): Param) -> Result<Json<Value>> {
+async fn describe_lease(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {
     Ok(Json(json!(s.lease(lease_id(&id)?).await?)))
 }
 
@@ -221,15 +265,12 @@ struct KeepAliveReply {
     ttl_ms: u64,
 }
 
-async fn keep_alive(
-    State(s): State<LockService>,
-    Param(id): Param,
-) -> Result<Json<KeepAliveReply>> {
+async fn keep_alive(Caller(s): Caller, Param(id): Param) -> Result<Json<KeepAliveReply>> {
     let ttl_ms = s.keep_alive(lease_id(&id)?).await?;
     Ok(Json(KeepAliveReply { ttl_ms }))
 }
 
-async fn revoke(State(s): State<LockService>, Param(id): Param) -> Result<Json<Value>> {
+async fn revoke(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {
     let released = s.revoke(lease_id(&id)?).await?;
     Ok(Json(json!({ "released": released })))
 }
@@ -266,10 +307,7 @@ struct AcquireReply {
     lease: u64,
 }
 
-async fn acquire(
-    State(s): State<LockService>,
-    Body(b): Body<AcquireBody>,
-) -> Result<Json<AcquireReply>> {
+async fn acquire(Caller(s): Caller, Body(b): Body<AcquireBody>) -> Result<Json<AcquireReply>> {
     let lease = match (b.lease, b.ttl_ms) {
         (Some(lease), None) => LeaseSpec::Existing(lease),
         // One command: a retry with the same request id gets the same lease.
@@ -324,10 +362,7 @@ struct ReleaseReply {
     released: String,
 }
 
-async fn release(
-    State(s): State<LockService>,
-    Body(b): Body<ReleaseBody>,
-) -> Result<Json<ReleaseReply>> {
+async fn release(Caller(s): Caller, Body(b): Body<ReleaseBody>) -> Result<Json<ReleaseReply>> {
     s.release(b.key.clone(), b.fence, b.request_id).await?;
     Ok(Json(ReleaseReply {
         fence: b.fence,
@@ -346,10 +381,7 @@ struct CheckpointBody {
     data_base64: Option<String>,
 }
 
-async fn checkpoint(
-    State(s): State<LockService>,
-    Body(b): Body<CheckpointBody>,
-) -> Result<Json<Value>> {
+async fn checkpoint(Caller(s): Caller, Body(b): Body<CheckpointBody>) -> Result<Json<Value>> {
     let data = match (b.data, b.data_base64) {
         (Some(text), None) => text.into_bytes(),
         (None, Some(encoded)) => base64::engine::general_purpose::STANDARD
@@ -381,10 +413,7 @@ struct ListQuery {
     start_after: String,
 }
 
-async fn list_locks(
-    State(s): State<LockService>,
-    Query(q): Query<ListQuery>,
-) -> Result<Json<Value>> {
+async fn list_locks(Caller(s): Caller, Query(q): Query<ListQuery>) -> Result<Json<Value>> {
     let page = s
         .locks(&q.prefix, Some(q.start_after.as_str()), q.limit)
         .await?;
@@ -393,7 +422,7 @@ async fn list_locks(
     ))
 }
 
-async fn describe_lock(State(s): State<LockService>, Param(key): Param) -> Result<Json<Value>> {
+async fn describe_lock(Caller(s): Caller, Param(key): Param) -> Result<Json<Value>> {
     let view = s.lock(&key).await?.unwrap_or(LockView {
         key,
         holder: None,
@@ -412,7 +441,7 @@ struct WatchQuery {
 }
 
 async fn watch(
-    State(s): State<LockService>,
+    Caller(s): Caller,
     Query(q): Query<WatchQuery>,
 ) -> Result<Sse<impl Stream<Item = std::result::Result<SseEvent, Infallible>>>> {
     let watch = s.watch(q.prefix)?;
@@ -430,8 +459,8 @@ async fn watch(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-async fn cluster_status(State(s): State<LockService>) -> Json<Value> {
-    Json(json!(s.consensus().cluster_status()))
+async fn cluster_status(Caller(s): Caller) -> Result<Json<Value>> {
+    Ok(Json(json!(s.cluster_status()?)))
 }
 
 #[derive(Deserialize)]
@@ -441,16 +470,65 @@ struct MemberBody {
     addr: String,
 }
 
-async fn add_member(
-    State(s): State<LockService>,
-    Body(b): Body<MemberBody>,
-) -> Result<Json<Value>> {
-    Ok(Json(json!(s.consensus().add_member(b.id, b.addr).await?)))
+async fn add_member(Caller(s): Caller, Body(b): Body<MemberBody>) -> Result<Json<Value>> {
+    Ok(Json(json!(s.add_member(b.id, b.addr).await?)))
 }
 
-async fn remove_member(State(s): State<LockService>, Param(id): Param) -> Result<Json<Value>> {
+async fn remove_member(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {
     let id = id
         .parse()
         .map_err(|_| ApiError::invalid("id", format!("{id:?} is not a node id")))?;
-    Ok(Json(json!(s.consensus().remove_member(id).await?)))
+    Ok(Json(json!(s.remove_member(id).await?)))
+}
+
+async fn auth_state(Caller(s): Caller) -> Result<Json<Value>> {
+    Ok(Json(json!(s.auth_state().await?)))
+}
+
+async fn enable_auth(Caller(s): Caller) -> Result<Json<Value>> {
+    Ok(Json(json!(s.enable_auth().await?)))
+}
+
+async fn disable_auth(Caller(s): Caller) -> Result<Json<Value>> {
+    s.disable_auth().await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoleBody {
+    rules: Vec<Rule>,
+}
+
+async fn set_role(
+    Caller(s): Caller,
+    Param(name): Param,
+    Body(b): Body<RoleBody>,
+) -> Result<Json<Value>> {
+    s.set_role(name, b.rules).await?;
+    Ok(Json(json!({})))
+}
+
+async fn delete_role(Caller(s): Caller, Param(name): Param) -> Result<Json<Value>> {
+    s.delete_role(name).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenBody {
+    name: String,
+    role: String,
+}
+
+async fn create_token(Caller(s): Caller, Body(b): Body<TokenBody>) -> Result<Json<Value>> {
+    Ok(Json(json!(s.create_token(b.name, b.role).await?)))
+}
+
+async fn revoke_token(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {
+    let id = id
+        .parse()
+        .map_err(|_| ApiError::invalid("id", format!("{id:?} is not a token id")))?;
+    s.revoke_token(id).await?;
+    Ok(Json(json!({})))
 }

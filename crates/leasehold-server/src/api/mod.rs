@@ -23,3 +23,18 @@ pub fn router(service: LockService, peer_certificates: bool) -> axum::Router {
         .into_axum_router();
     http::router(service).merge(grpc).fallback(http::not_found)
 }
+
+/// The token in an `authorization` value: `Bearer <token>` (the scheme in
+/// any case), or `None` if it is not one.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn malformed_authorization() -> crate::service::ApiError {
+    leasehold_core::LockError::Unauthenticated {
+        reason: "the authorization header must be `Bearer <token>`".into(),
+    }
+    .into()
+}
