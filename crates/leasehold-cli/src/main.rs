@@ -48,6 +48,10 @@ struct Cli {
         requires = "client_cert"
     )]
     client_key: Option<std::path::PathBuf>,
+    /// The access token, for a leaseholdd with auth enabled (from
+    /// `leasehold auth enable` or `leasehold auth token create`).
+    #[arg(long, global = true, env = "LEASEHOLD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -186,6 +190,12 @@ enum Command {
         #[command(subcommand)]
         action: ClusterAction,
     },
+    /// Access control: turn it on or off, roles on key prefixes, tokens,
+    /// the audit trail.
+    Auth {
+        #[command(subcommand)]
+        action: AuthAction,
+    },
     /// Print lock events as they happen.
     Watch {
         /// Only keys with this prefix.
@@ -216,6 +226,86 @@ enum ClusterAction {
     /// Remove node ID (refused if the voters left could not form a quorum).
     Remove {
         /// The node's id.
+        id: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AuthAction {
+    /// Turn auth on. Prints the root token (admin on every key) once: keep it.
+    Enable,
+    /// Turn auth off: anyone who can connect may do anything again.
+    Disable,
+    /// Whether auth is on, the roles and the tokens (never their secrets).
+    Status {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every change to auth: who made it and when.
+    Audit {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Roles: permissions on key prefixes.
+    Role {
+        #[command(subcommand)]
+        action: RoleAction,
+    },
+    /// Tokens: create one for a role, or revoke one.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RoleAction {
+    /// Create role NAME or replace its rules. For a key, the rule with the
+    /// longest matching prefix decides; a key no rule covers gets nothing.
+    /// An empty prefix ("") covers every key.
+    Set {
+        /// The role.
+        name: String,
+        /// Describe, list and watch keys under PREFIX (repeatable).
+        #[arg(long = "read", value_name = "PREFIX")]
+        read: Vec<String>,
+        /// Also acquire, release and checkpoint under PREFIX (repeatable).
+        #[arg(long = "lock", value_name = "PREFIX")]
+        lock: Vec<String>,
+        /// Also revoke others' leases under PREFIX; on "" also membership
+        /// and auth changes (repeatable).
+        #[arg(long = "admin", value_name = "PREFIX")]
+        admin: Vec<String>,
+        /// Nothing under PREFIX, carving it out of a wider rule (repeatable).
+        #[arg(long = "deny", value_name = "PREFIX")]
+        deny: Vec<String>,
+    },
+    /// Delete role NAME (refused while a token uses it).
+    Delete {
+        /// The role.
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenAction {
+    /// Create a token for ROLE; prints it once.
+    Create {
+        /// The role it acts as.
+        #[arg(long)]
+        role: String,
+        /// A name for people (default: the role's).
+        #[arg(long)]
+        name: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke token ID: every node refuses it from then on.
+    Revoke {
+        /// The token's id (the number in lh_<id>_...).
         id: u64,
     },
 }

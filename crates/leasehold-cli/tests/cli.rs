@@ -628,3 +628,74 @@ fn every_command_speaks_tls_with_a_client_certificate() {
     let refused = cli(&["status"], false);
     assert!(!refused.status.success());
 }
+
+#[test]
+fn auth_commands_turn_it_on_scope_tokens_and_revoke_them() {
+    let server = Leaseholdd::start();
+    let text = |out: &Output| String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let enabled = run(&server, &["auth", "enable"]);
+    assert!(enabled.status.success(), "{enabled:?}");
+    let root = text(&enabled);
+    assert!(root.starts_with("lh_1_"), "{root}");
+    let as_root = |args: &[&str]| {
+        leasehold(&server)
+            .env("LEASEHOLD_TOKEN", &root)
+            .args(args)
+            .output()
+            .expect("run leasehold")
+    };
+    let set = as_root(&[
+        "auth",
+        "role",
+        "set",
+        "jobs",
+        "--lock",
+        "jobs/",
+        "--deny",
+        "jobs/secret/",
+    ]);
+    assert!(set.status.success(), "{set:?}");
+    let created = as_root(&[
+        "auth", "token", "create", "--role", "jobs", "--name", "nightly",
+    ]);
+    assert!(created.status.success(), "{created:?}");
+    let jobs = text(&created);
+
+    // `leasehold run` with the token: inside its prefix it runs, outside
+    // (and in the carved-out subtree) it is refused with the reason.
+    let with = |token: &str, key: &str| {
+        leasehold(&server)
+            .args(["--token", token, "run", key, "--", "true"])
+            .output()
+            .expect("run")
+    };
+    assert!(with(&jobs, "jobs/nightly").status.success());
+    for key in ["payments/x", "jobs/secret/x"] {
+        let refused = with(&jobs, key);
+        assert!(!refused.status.success());
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(err.contains("permission denied"), "{key}: {err}");
+    }
+    let anonymous = run(&server, &["run", "jobs/nightly", "--", "true"]);
+    assert!(!anonymous.status.success());
+    assert!(String::from_utf8_lossy(&anonymous.stderr).contains("token"));
+
+    let status = text(&as_root(&["auth", "status"]));
+    assert!(
+        status.contains("nightly") && status.contains("jobs/secret/"),
+        "{status}"
+    );
+    assert!(!status.contains(&jobs[5..]), "a secret was shown: {status}");
+    let revoked = as_root(&["auth", "token", "revoke", "2"]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    assert!(!with(&jobs, "jobs/nightly").status.success());
+    let audit = text(&as_root(&["auth", "audit"]));
+    assert!(audit.contains("token 2 \"nightly\" revoked"), "{audit}");
+    assert_eq!(audit.lines().count(), 4, "{audit}");
+    // Without admin, auth commands are refused.
+    let denied = leasehold(&server)
+        .args(["--token", &jobs, "auth", "status"])
+        .output()
+        .expect("run");
+    assert!(!denied.status.success());
+}

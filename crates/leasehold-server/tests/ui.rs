@@ -240,6 +240,86 @@ async fn the_dashboard_shows_a_lock_appear_and_disappear() {
     assert!(!found.contains("other/key"), "{found}");
 }
 
+/// With auth on, the page asks for a token; once one is entered it shows
+/// what that token may read, and its event stream carries the token too.
+#[tokio::test]
+async fn with_auth_on_the_dashboard_shows_what_its_token_may_read() {
+    let server = Leaseholdd::start();
+    let (_, root) = common::post(&server.addr, "/v1/auth/enable", json!({})).await;
+    let root = root["token"].as_str().expect("root token").to_string();
+    let http = reqwest::Client::new();
+    let as_root = |method: reqwest::Method, path: &str, body: Value| {
+        http.request(method, format!("http://{}{path}", server.addr))
+            .bearer_auth(&root)
+            .json(&body)
+            .send()
+    };
+    let rules = json!({"rules": [{"prefix": "jobs/", "permission": "read"}]});
+    as_root(reqwest::Method::PUT, "/v1/auth/roles/viewer", rules)
+        .await
+        .expect("role");
+    let viewer: Value = as_root(
+        reqwest::Method::POST,
+        "/v1/auth/tokens",
+        json!({"name": "dashboard", "role": "viewer"}),
+    )
+    .await
+    .expect("token")
+    .json()
+    .await
+    .expect("token answer");
+    let viewer = viewer["token"].as_str().expect("viewer token");
+    for key in ["jobs/visible", "payments/hidden"] {
+        as_root(
+            reqwest::Method::POST,
+            "/v1/acquire",
+            json!({"key": key, "ttl_ms": 60_000}),
+        )
+        .await
+        .expect("acquire");
+    }
+
+    let browser = Browser::start().await;
+    browser.open(&format!("http://{}/ui", server.addr)).await;
+    browser
+        .wait_text("notice", "a request for a token", |t| {
+            t.contains("enter an access token")
+        })
+        .await;
+    let enter = format!(
+        "document.getElementById('token').value = {}; document.getElementById('auth').requestSubmit();",
+        json!(viewer)
+    );
+    browser
+        .command(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": enter, "args": []}),
+        )
+        .await;
+    let locks = browser
+        .wait_text("locks", "the lock the token may read", |t| {
+            t.contains("jobs/visible")
+        })
+        .await;
+    assert!(!locks.contains("payments/hidden"), "{locks}");
+    browser
+        .wait_text("stream", "the event stream connected", |t| t == "live")
+        .await;
+    as_root(
+        reqwest::Method::POST,
+        "/v1/acquire",
+        json!({"key": "jobs/streamed", "ttl_ms": 60_000}),
+    )
+    .await
+    .expect("acquire");
+    browser
+        .wait_text("events", "the acquired event", |t| {
+            t.contains("jobs/streamed")
+        })
+        .await;
+}
+
 /// Holders, waiters and leases enough to look like a working deployment.
 async fn populate(addr: &str) {
     let keys = [

@@ -27,6 +27,7 @@ pub struct ClientBuilder {
     require: Guarantee,
     holder: Option<String>,
     tls: TlsOptions,
+    token: Option<String>,
 }
 
 impl ClientBuilder {
@@ -48,9 +49,17 @@ impl ClientBuilder {
         self
     }
 
+    /// The access token leaseholdd's auth needs (`lh_<id>_<secret>`, from
+    /// `leasehold auth token create`); sent with every call.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into()).filter(|t: &String| !t.is_empty());
+        self
+    }
+
     /// Connects.
     pub async fn connect(self) -> Result<Client> {
-        let backend = crate::backend::connect_tls(&self.url, &self.tls).await?;
+        let backend =
+            crate::backend::connect_with(&self.url, &self.tls, self.token.as_deref()).await?;
         Client::with_backend(backend, self.require, self.holder)
     }
 }
@@ -87,14 +96,16 @@ impl Client {
 
     /// Connects to `LEASEHOLD_ENDPOINT`, or the default local leaseholdd,
     /// with TLS files from `LEASEHOLD_CACERT`, `LEASEHOLD_CLIENT_CERT` and
-    /// `LEASEHOLD_CLIENT_KEY` ([`TlsOptions::from_env`]).
+    /// `LEASEHOLD_CLIENT_KEY` ([`TlsOptions::from_env`]), and the access
+    /// token in `LEASEHOLD_TOKEN`.
     pub async fn from_env() -> Result<Client> {
         let url =
             std::env::var("LEASEHOLD_ENDPOINT").unwrap_or_else(|_| DEFAULT_ENDPOINT.to_string());
-        Self::builder(&url)
-            .tls(TlsOptions::from_env())
-            .connect()
-            .await
+        let mut builder = Self::builder(&url).tls(TlsOptions::from_env());
+        if let Ok(token) = std::env::var("LEASEHOLD_TOKEN") {
+            builder = builder.token(token);
+        }
+        builder.connect().await
     }
 
     /// A builder, to require a guarantee or name the holder.
@@ -104,6 +115,7 @@ impl Client {
             require: Guarantee::Efficiency,
             holder: None,
             tls: TlsOptions::default(),
+            token: None,
         }
     }
 

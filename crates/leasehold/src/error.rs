@@ -41,6 +41,13 @@ pub enum Error {
     /// The request was malformed (key too long, TTL out of range, ...).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The server did not accept the token: none was given while auth is
+    /// on, or it is malformed, wrong or revoked.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The token may not do this (on this key, or on another token's lease).
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The lock store cannot be reached or is not serving; nothing was done.
     /// Retrying may help.
     #[error("unavailable: {0}")]

@@ -44,6 +44,8 @@ pub enum Workload {
 pub struct Args {
     pub endpoint: String,
     pub tls: leasehold::TlsOptions,
+    /// The access token, for a server with auth on.
+    pub token: Option<String>,
     pub workload: Workload,
     pub clients: usize,
     pub duration: Duration,
@@ -158,11 +160,8 @@ async fn run_then_join(
     Ok(())
 }
 
-async fn connect(
-    endpoint: &str,
-    tls: &leasehold::TlsOptions,
-    clients: usize,
-) -> anyhow::Result<Vec<Client>> {
+async fn connect(a: &Args) -> anyhow::Result<Vec<Client>> {
+    let (endpoint, clients) = (a.endpoint.as_str(), a.clients);
     let mut out = Vec::with_capacity(clients);
     for i in 0..clients {
         // One connection per client; PostgreSQL clients open one each too.
@@ -174,10 +173,14 @@ async fn connect(
         } else {
             endpoint.to_string()
         };
+        let mut builder = Client::builder(&url)
+            .holder(format!("bench-{i}"))
+            .tls(a.tls.clone());
+        if let Some(token) = &a.token {
+            builder = builder.token(token);
+        }
         out.push(
-            Client::builder(&url)
-                .holder(format!("bench-{i}"))
-                .tls(tls.clone())
+            builder
                 .connect()
                 .await
                 .with_context(|| format!("connect client {i}"))?,
@@ -235,7 +238,7 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
 }
 
 async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
-    let clients = connect(&a.endpoint, &a.tls, a.clients).await?;
+    let clients = connect(a).await?;
     let mut tasks = Vec::new();
     for client in clients {
         let (shared, keys, ttl) = (shared.clone(), a.keys.max(1), a.ttl);
@@ -267,7 +270,7 @@ async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Res
 }
 
 async fn contended(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
-    let clients = connect(&a.endpoint, &a.tls, a.clients).await?;
+    let clients = connect(a).await?;
     // When the last holder began its release, in µs since `origin`.
     let origin = Instant::now();
     let released_at = Arc::new(AtomicU64::new(u64::MAX));
@@ -328,7 +331,7 @@ async fn keep(
     bar: &ProgressBar,
     extra: &mut serde_json::Map<String, serde_json::Value>,
 ) -> anyhow::Result<()> {
-    let clients = connect(&a.endpoint, &a.tls, a.clients).await?;
+    let clients = connect(a).await?;
     let per_client = (a.keys as usize).div_ceil(a.clients.max(1));
     let run = rand::random::<u32>();
     let opts = LockOptions::default().ttl(a.ttl);
@@ -389,6 +392,7 @@ async fn grpc(
     let cluster = super::cluster::Target {
         url: a.endpoint.clone(),
         tls: a.tls.clone(),
+        token: a.token.clone(),
     };
     let target = match super::cluster::addrs(&a.endpoint)?.as_slice() {
         [single] => single.clone(),

@@ -12,6 +12,8 @@ pub struct Target {
     pub url: String,
     /// The CA and client certificate, for `https://`.
     pub tls: TlsOptions,
+    /// The access token, sent as `Authorization: Bearer`.
+    pub token: Option<String>,
 }
 
 impl Target {
@@ -29,6 +31,7 @@ impl Target {
         Target {
             url: format!("{}://{addr}", self.scheme()),
             tls: self.tls.clone(),
+            token: self.token.clone(),
         }
     }
 
@@ -76,7 +79,7 @@ pub(super) fn addrs(endpoint: &str) -> anyhow::Result<Vec<String>> {
 
 /// Sends a request to the first endpoint that answers, and on to the leader
 /// it names. `request` gets the base URL of a node (`https://host:port`).
-async fn at_leader(
+pub(super) async fn at_leader(
     target: &Target,
     request: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
 ) -> anyhow::Result<(u16, Value)> {
@@ -87,7 +90,11 @@ async fn at_leader(
     let mut hops = 0;
     while let Some(addr) = targets.first().cloned() {
         targets.remove(0);
-        let response = match request(&http, &format!("{scheme}://{addr}")).send().await {
+        let mut call = request(&http, &format!("{scheme}://{addr}"));
+        if let Some(token) = &target.token {
+            call = call.bearer_auth(token);
+        }
+        let response = match call.send().await {
             Ok(r) => r,
             Err(e) => {
                 errors.push(format!("{addr}: {e}"));
@@ -111,7 +118,7 @@ async fn at_leader(
     bail!("no endpoint answered: {}", errors.join("; "))
 }
 
-fn answer((status, body): (u16, Value)) -> anyhow::Result<Value> {
+pub(super) fn answer((status, body): (u16, Value)) -> anyhow::Result<Value> {
     if status == 200 {
         return Ok(body);
     }

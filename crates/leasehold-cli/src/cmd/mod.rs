@@ -1,5 +1,6 @@
 //! One file per group of subcommands.
 
+mod auth;
 pub mod bench;
 pub mod check;
 mod cluster;
@@ -11,7 +12,7 @@ mod status;
 use anyhow::Context;
 use leasehold::Client;
 
-use crate::{Cli, ClusterAction, Command, Demo};
+use crate::{AuthAction, Cli, ClusterAction, Command, Demo, RoleAction, TokenAction};
 
 /// Runs a subcommand; returns the process exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
@@ -19,8 +20,12 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let target = cluster::Target {
         url: cli.endpoint.clone(),
         tls: tls.clone(),
+        token: cli.token.clone(),
     };
     let mut builder = Client::builder(&cli.endpoint).tls(tls.clone());
+    if let Some(t) = &cli.token {
+        builder = builder.token(t);
+    }
     if let Some(h) = &cli.holder {
         builder = builder.holder(h);
     }
@@ -61,8 +66,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             grace,
             command,
         } => {
-            let client = Client::builder(&cli.endpoint)
-                .tls(tls.clone())
+            let client = builder
+                .clone()
                 .holder(value)
                 .connect()
                 .await
@@ -97,6 +102,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             bench::bench(bench::Args {
                 endpoint,
                 tls: tls.clone(),
+                token: cli.token.clone(),
                 workload,
                 clients,
                 duration,
@@ -120,6 +126,31 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             ClusterAction::Status { json } => cluster::status(&target, json).await,
             ClusterAction::Add { id, addr } => cluster::add(&target, id, &addr).await,
             ClusterAction::Remove { id } => cluster::remove(&target, id).await,
+        },
+        Command::Auth { action } => match action {
+            AuthAction::Enable => auth::enable(&target).await,
+            AuthAction::Disable => auth::disable(&target).await,
+            AuthAction::Status { json } => auth::status(&target, json).await,
+            AuthAction::Audit { json } => auth::audit(&target, json).await,
+            AuthAction::Role {
+                action:
+                    RoleAction::Set {
+                        name,
+                        read,
+                        lock,
+                        admin,
+                        deny,
+                    },
+            } => auth::set_role(&target, &name, [deny, read, lock, admin]).await,
+            AuthAction::Role {
+                action: RoleAction::Delete { name },
+            } => auth::delete_role(&target, &name).await,
+            AuthAction::Token {
+                action: TokenAction::Create { role, name, json },
+            } => auth::create_token(&target, &role, name.as_deref(), json).await,
+            AuthAction::Token {
+                action: TokenAction::Revoke { id },
+            } => auth::revoke_token(&target, id).await,
         },
         // Reads the state file only; connects to nothing.
         Command::Check { state } => check::check(state),

@@ -1,6 +1,7 @@
 // The Leasehold dashboard: reads the node's HTTP API (/health, /v1/cluster,
 // /v1/locks, /v1/leases) and streams /v1/watch. Keys and holders are shown
-// as text, never parsed as HTML.
+// as text, never parsed as HTML. With auth on, every call carries the token
+// entered once (kept for this browser tab only, in sessionStorage).
 "use strict";
 
 const PAGE = 100;
@@ -16,7 +17,14 @@ const state = {
   leaseNext: null,
   watch: null,
   timer: null,
+  token: sessionStorage.getItem("leasehold-token") || "",
 };
+
+function headers(accept) {
+  const h = { accept };
+  if (state.token) h.authorization = "Bearer " + state.token;
+  return h;
+}
 
 const $ = (id) => document.getElementById(id);
 
@@ -49,7 +57,7 @@ function seconds(ms) {
 }
 
 async function get(path) {
-  const response = await fetch(path, { headers: { accept: "application/json" } });
+  const response = await fetch(path, { headers: headers("application/json") });
   let body = null;
   try {
     body = await response.json();
@@ -58,6 +66,11 @@ async function get(path) {
   }
   if (!response.ok) {
     const error = (body && body.error) || { message: response.statusText };
+    if (response.status === 401) {
+      error.message = state.token
+        ? "the node refused this token: " + error.message
+        : "auth is on: enter an access token above";
+    }
     throw Object.assign(new Error(error.message || "request failed"), { error });
   }
   return body;
@@ -191,15 +204,44 @@ function addEvent(kind, data) {
   schedule(50);
 }
 
+// Server-sent events over fetch (EventSource cannot send a token), parsed
+// here; reconnects a second after the stream ends.
 function watch() {
-  if (state.watch) state.watch.close();
-  const source = new EventSource("/v1/watch?" + new URLSearchParams({ prefix: state.prefix }));
-  for (const kind of ["acquired", "released", "expired"]) {
-    source.addEventListener(kind, (m) => addEvent(kind, m.data));
-  }
-  source.onopen = () => ($("stream").textContent = "live");
-  source.onerror = () => ($("stream").textContent = "reconnecting…");
-  state.watch = source;
+  if (state.watch) state.watch.abort();
+  const stop = new AbortController();
+  state.watch = stop;
+  const url = "/v1/watch?" + new URLSearchParams({ prefix: state.prefix });
+  const again = () => {
+    if (stop.signal.aborted) return;
+    $("stream").textContent = "reconnecting…";
+    setTimeout(() => state.watch === stop && watch(), 1000);
+  };
+  fetch(url, { headers: headers("text/event-stream"), signal: stop.signal })
+    .then(async (response) => {
+      if (!response.ok || !response.body) return again();
+      $("stream").textContent = "live";
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const message = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          let kind = "message";
+          const data = [];
+          for (const line of message.split("\n")) {
+            if (line.startsWith("event:")) kind = line.slice(6).trim();
+            else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+          }
+          if (["acquired", "released", "expired"].includes(kind)) addEvent(kind, data.join("\n"));
+        }
+      }
+      again();
+    })
+    .catch(again);
 }
 
 let pending = false;
@@ -213,6 +255,17 @@ function schedule(ms) {
 }
 
 function start() {
+  $("token").value = state.token;
+  $("auth").addEventListener("submit", (e) => {
+    e.preventDefault();
+    state.token = $("token").value.trim();
+    if (state.token) sessionStorage.setItem("leasehold-token", state.token);
+    else sessionStorage.removeItem("leasehold-token");
+    notice("");
+    watch();
+    refreshNode();
+    schedule(0);
+  });
   $("search").addEventListener("submit", (e) => {
     e.preventDefault();
     state.prefix = $("prefix").value;

@@ -23,6 +23,8 @@ use leasehold_proto::frame::Op;
 use leasehold_proto::v1 as pb;
 use pb::leasehold_client::LeaseholdClient;
 use prost::Message;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::Channel;
 
 use super::frames::{CallError, Frames};
@@ -46,7 +48,28 @@ pub(super) struct Route {
     /// The framed connection, for everything that never waits.
     pub frames: Frames,
     /// gRPC, for waits, status and watch.
-    pub rpc: LeaseholdClient<Channel>,
+    pub rpc: Rpc,
+}
+
+/// A gRPC client that sends the access token with every call.
+pub(super) type Rpc = LeaseholdClient<InterceptedService<Channel, Bearer>>;
+
+/// Puts `authorization: Bearer <token>` on every gRPC call.
+#[derive(Clone)]
+pub(super) struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 /// The endpoints of one deployment and the one in use.
@@ -58,6 +81,8 @@ pub(super) struct Endpoints {
     routes: tokio::sync::Mutex<HashMap<String, Arc<Route>>>,
     /// TLS for every endpoint (`https://`), or none.
     tls: Option<ClientTls>,
+    /// The access token, if any.
+    token: Option<Arc<str>>,
 }
 
 /// How to go on after a call failed at `route`.
@@ -111,6 +136,21 @@ fn parse(url: &str) -> Result<(Vec<String>, bool)> {
     Ok((addrs, secure))
 }
 
+/// `Bearer <token>` as a metadata value.
+fn bearer_value(token: &str) -> std::result::Result<MetadataValue<Ascii>, String> {
+    format!("Bearer {token}")
+        .parse()
+        .map_err(|_| "the token has characters a header cannot carry".to_string())
+}
+
+/// Why an endpoint could not be used.
+pub(super) enum RouteError {
+    /// It could not be reached: try the next.
+    Unreachable(String),
+    /// It refused the token: every node would.
+    Refused(String),
+}
+
 /// The host of `host:port` (an IPv6 address without its brackets).
 fn host(addr: &str) -> &str {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
@@ -120,22 +160,28 @@ fn host(addr: &str) -> &str {
 impl Endpoints {
     /// Connects to the first endpoint of `url` that answers, over TLS
     /// with `tls` if `url` says `https://`.
-    pub async fn connect(url: &str, tls: &TlsOptions) -> Result<Endpoints> {
+    pub async fn connect(url: &str, tls: &TlsOptions, token: Option<&str>) -> Result<Endpoints> {
         let (addrs, secure) = parse(url)?;
         let tls = secure.then(|| ClientTls::load(tls)).transpose()?;
+        let token: Option<Arc<str>> = token.map(Arc::from);
+        if let Some(t) = &token {
+            bearer_value(t).map_err(Error::InvalidArgument)?;
+        }
         let routes = tokio::sync::Mutex::new(HashMap::new());
         let mut errors = Vec::new();
         for addr in &addrs {
-            match Self::route_to(&routes, addr, tls.as_ref()).await {
+            match Self::route_to(&routes, addr, tls.as_ref(), token.as_ref()).await {
                 Ok(route) => {
                     return Ok(Endpoints {
                         addrs,
                         current: Mutex::new(route),
                         routes,
                         tls,
+                        token,
                     })
                 }
-                Err(e) => errors.push(e),
+                Err(RouteError::Refused(e)) => return Err(Error::Unauthenticated(e)),
+                Err(RouteError::Unreachable(e)) => errors.push(e),
             }
         }
         Err(Error::Unavailable(errors.join("; ")))
@@ -145,28 +191,32 @@ impl Endpoints {
         routes: &tokio::sync::Mutex<HashMap<String, Arc<Route>>>,
         addr: &str,
         tls: Option<&ClientTls>,
-    ) -> std::result::Result<Arc<Route>, String> {
+        token: Option<&Arc<str>>,
+    ) -> std::result::Result<Arc<Route>, RouteError> {
         let mut routes = routes.lock().await;
         if let Some(r) = routes.get(addr) {
             return Ok(r.clone());
         }
         // Connects now, so a node that is down fails here, with its reason.
-        let frames = Frames::connect(addr.to_string(), tls.cloned()).await?;
+        let frames = Frames::connect(addr.to_string(), tls.cloned(), token.cloned()).await?;
         let scheme = if tls.is_some() { "https" } else { "http" };
         let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| format!("endpoint {addr:?}: {e}"))?
+            .map_err(|e| RouteError::Unreachable(format!("endpoint {addr:?}: {e}")))?
             .connect_timeout(Duration::from_secs(3))
             .tcp_nodelay(true);
         if let Some(tls) = tls {
             endpoint = endpoint
                 .tls_config(tls.grpc(host(addr)))
-                .map_err(|e| format!("endpoint {addr:?}: TLS: {e}"))?;
+                .map_err(|e| RouteError::Unreachable(format!("endpoint {addr:?}: TLS: {e}")))?;
         }
         let channel = endpoint.connect_lazy();
         let route = Arc::new(Route {
             addr: addr.to_string(),
             frames,
-            rpc: LeaseholdClient::new(channel),
+            rpc: LeaseholdClient::with_interceptor(
+                channel,
+                Bearer(token.and_then(|t| bearer_value(t).ok())),
+            ),
         });
         routes.insert(addr.to_string(), route.clone());
         Ok(route)
@@ -200,7 +250,8 @@ impl Endpoints {
             targets.push(self.addrs[(at + i) % self.addrs.len()].clone());
         }
         for addr in targets {
-            if let Ok(route) = Self::route_to(&self.routes, &addr, self.tls.as_ref()).await {
+            let route = Self::route_to(&self.routes, &addr, self.tls.as_ref(), self.token.as_ref());
+            if let Ok(route) = route.await {
                 *self.current.lock().unwrap_or_else(|e| e.into_inner()) = route;
                 return;
             }
@@ -276,7 +327,7 @@ impl Endpoints {
     /// A gRPC call, sent to the leader.
     pub async fn grpc<T, F, Fut>(&self, call: F) -> std::result::Result<T, tonic::Status>
     where
-        F: Fn(LeaseholdClient<Channel>) -> Fut,
+        F: Fn(Rpc) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut hop = 0;

@@ -26,6 +26,7 @@ use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 use tokio_util::codec::{Encoder, FramedRead};
 
+use super::endpoints::RouteError;
 use crate::tls::ClientTls;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -78,18 +79,25 @@ struct Inner {
     addr: String,
     /// TLS, for an `https://` endpoint.
     tls: Option<ClientTls>,
+    /// The access token, sent first on each connection.
+    token: Option<Arc<str>>,
     /// The live connection's queue; `None` or closed when it is gone.
     queue: tokio::sync::Mutex<Option<mpsc::UnboundedSender<Call>>>,
 }
 
 impl Frames {
     /// Connects to `addr` (`host:port`) now, so a wrong address fails here.
-    pub(super) async fn connect(addr: String, tls: Option<ClientTls>) -> Result<Frames, String> {
-        let queue = open(&addr, tls.as_ref()).await?;
+    pub(super) async fn connect(
+        addr: String,
+        tls: Option<ClientTls>,
+        token: Option<Arc<str>>,
+    ) -> Result<Frames, RouteError> {
+        let queue = open(&addr, tls.as_ref(), token.as_deref()).await?;
         Ok(Frames {
             inner: Arc::new(Inner {
                 addr,
                 tls,
+                token,
                 queue: tokio::sync::Mutex::new(Some(queue)),
             }),
         })
@@ -151,9 +159,20 @@ impl Frames {
         if let Some(q) = queue.as_ref().filter(|q| !q.is_closed()) {
             return Ok(q.clone());
         }
-        let q = open(&self.inner.addr, self.inner.tls.as_ref())
-            .await
-            .map_err(CallError::Unsent)?;
+        let q = open(
+            &self.inner.addr,
+            self.inner.tls.as_ref(),
+            self.inner.token.as_deref(),
+        )
+        .await
+        .map_err(|e| match e {
+            RouteError::Unreachable(e) => CallError::Unsent(e),
+            RouteError::Refused(e) => CallError::Server(pb::ErrorReply {
+                code: "unauthenticated".into(),
+                message: e,
+                details: Default::default(),
+            }),
+        })?;
         *queue = Some(q.clone());
         Ok(q)
     }
@@ -177,7 +196,43 @@ async fn receive<R: Message + Default>(answer: oneshot::Receiver<Reply>) -> Resu
     }
 }
 
-async fn open(addr: &str, tls: Option<&ClientTls>) -> Result<mpsc::UnboundedSender<Call>, String> {
+/// Opens a connection to `addr`; with a token, authenticates it before
+/// anything else is sent.
+async fn open(
+    addr: &str,
+    tls: Option<&ClientTls>,
+    token: Option<&str>,
+) -> Result<mpsc::UnboundedSender<Call>, RouteError> {
+    let queue = connect(addr, tls).await.map_err(RouteError::Unreachable)?;
+    let Some(token) = token else {
+        return Ok(queue);
+    };
+    let (reply, answer) = oneshot::channel();
+    let call = Call {
+        op: Op::Authenticate,
+        body: pb::AuthenticateRequest {
+            token: token.to_string(),
+        }
+        .encode_to_vec(),
+        reply,
+        unheard: None,
+    };
+    let closed = || RouteError::Unreachable(format!("leaseholdd at {addr} closed the connection"));
+    queue.send(call).map_err(|_| closed())?;
+    match receive::<pb::AuthenticateResponse>(answer).await {
+        Ok(_) => Ok(queue),
+        Err(CallError::Server(e)) => Err(RouteError::Refused(format!(
+            "leaseholdd at {addr} refused the token: {}",
+            e.message
+        ))),
+        Err(CallError::Unsent(e) | CallError::Transport(e)) => Err(RouteError::Unreachable(e)),
+    }
+}
+
+async fn connect(
+    addr: &str,
+    tls: Option<&ClientTls>,
+) -> Result<mpsc::UnboundedSender<Call>, String> {
     let (queue, calls) = mpsc::unbounded_channel();
     let connect = async {
         let stream = TcpStream::connect(addr).await?;

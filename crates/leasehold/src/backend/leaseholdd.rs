@@ -26,13 +26,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::endpoints::Rpc;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use leasehold_proto::frame::Op;
 use leasehold_proto::v1 as pb;
-use pb::leasehold_client::LeaseholdClient;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::endpoints::Endpoints;
@@ -159,6 +158,8 @@ fn lock_error(
         Some("invalid_argument") => Error::InvalidArgument(message),
         Some("not_leader") | Some("unavailable") => Error::Unavailable(message),
         Some("outcome_unknown") => Error::OutcomeUnknown(message),
+        Some("unauthenticated") => Error::Unauthenticated(message),
+        Some("permission_denied") => Error::PermissionDenied(message),
         _ => Error::Other(message),
     }
 }
@@ -189,8 +190,19 @@ impl Leaseholdd {
     /// Connects as [`Self::connect`], with the CA and client certificate
     /// of `tls` for `https://` endpoints.
     pub async fn connect_tls(url: &str, tls: &TlsOptions) -> Result<Leaseholdd> {
+        Self::connect_with(url, tls, None).await
+    }
+
+    /// Connects as [`Self::connect_tls`], presenting `token` (an access
+    /// token, `lh_<id>_<secret>`) with every call. A token the server
+    /// refuses fails here, with [`Error::Unauthenticated`].
+    pub async fn connect_with(
+        url: &str,
+        tls: &TlsOptions,
+        token: Option<&str>,
+    ) -> Result<Leaseholdd> {
         Ok(Leaseholdd {
-            endpoints: Arc::new(Endpoints::connect(url, tls).await?),
+            endpoints: Arc::new(Endpoints::connect(url, tls, token).await?),
             sessions: Mutex::new(HashMap::new()),
             granting: tokio::sync::Mutex::new(()),
         })
@@ -387,7 +399,7 @@ impl Backend for Leaseholdd {
                     Err(e) => Err(e.into_error(key)),
                 }
             } else {
-                let call = |mut rpc: LeaseholdClient<Channel>| {
+                let call = |mut rpc: Rpc| {
                     let request = request.clone();
                     async move { rpc.acquire(request).await }
                 };
@@ -442,7 +454,7 @@ impl Backend for Leaseholdd {
             limit: 0,
             start_after: String::new(),
         };
-        let call = |mut rpc: LeaseholdClient<Channel>| {
+        let call = |mut rpc: Rpc| {
             let request = request.clone();
             async move { rpc.list_locks(request).await }
         };

@@ -26,10 +26,20 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
 
 /// Opens the backend a URL names; an `https://` leaseholdd with `tls`.
 pub async fn connect_tls(url: &str, tls: &TlsOptions) -> Result<Arc<dyn Backend>> {
+    connect_with(url, tls, None).await
+}
+
+/// Opens the backend a URL names; a leaseholdd with `tls` (for
+/// `https://`) and presenting `token` (other stores ignore both).
+pub async fn connect_with(
+    url: &str,
+    tls: &TlsOptions,
+    token: Option<&str>,
+) -> Result<Arc<dyn Backend>> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
     match scheme {
         "http" | "https" | "leasehold" => Ok(Arc::new(
-            leaseholdd::Leaseholdd::connect_tls(url, tls).await?,
+            leaseholdd::Leaseholdd::connect_with(url, tls, token).await?,
         )),
         "memory" => Ok(Arc::new(memory::Memory::default())),
         "redis" | "rediss" => Ok(Arc::new(redis::Redis::connect(url).await?)),
