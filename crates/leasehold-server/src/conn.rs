@@ -263,8 +263,9 @@ pub async fn serve(
     serve_http(TokioIo::new(stream), peer, local, app, limits, stop).await
 }
 
-/// Whether a connection comes from this machine (loopback, or this host's
-/// own address): a request extension, for what only a local operator may do.
+/// Whether a connection comes from this machine: from the very address it
+/// connects to (`127.0.0.1` to `127.0.0.1`, or the host's own address to
+/// itself). A request extension, for what only a local operator may do.
 #[derive(Debug, Clone, Copy)]
 pub struct Local(pub bool);
 
@@ -273,10 +274,9 @@ impl Local {
         let (Ok(peer), Ok(own)) = (stream.peer_addr(), stream.local_addr()) else {
             return Local(false);
         };
-        Local(peer.ip().is_loopback() || peer.ip() == own.ip())
+        Local(peer.ip() == own.ip())
     }
 }
-
 /// Serves HTTP/1.1 or HTTP/2 on one connection until it closes, goes idle
 /// or the server stops.
 async fn serve_http<S>(

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use leasehold_core::{Event, Grant, LeaseId, WaitEnd};
 use tokio::sync::{broadcast, oneshot, Notify};
 
+use crate::auth_cache::AuthCache;
 use crate::metrics::Metrics;
 
 /// How a queued wait ended.
@@ -29,6 +30,8 @@ pub struct Hub {
     pub applied: Notify,
     /// What `/metrics` exports; the state machine counts lock events here.
     pub metrics: Metrics,
+    /// Callers' tokens as of the last auth change.
+    pub auth: AuthCache,
 }
 
 impl Default for Hub {
@@ -38,6 +41,7 @@ impl Default for Hub {
             watch: broadcast::channel(4096).0,
             applied: Notify::new(),
             metrics: Metrics::default(),
+            auth: AuthCache::default(),
         }
     }
 }
@@ -85,6 +89,7 @@ impl Hub {
         self.metrics.events(events);
         for event in events {
             if let Event::AuthChanged { audit } = event {
+                self.auth.changed();
                 tracing::info!(
                     target: "leasehold::audit",
                     seq = audit.seq,

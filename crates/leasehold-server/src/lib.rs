@@ -5,6 +5,7 @@
 //!   machine; the log and snapshots live on disk with group commit. All openraft
 //!   types stay in this module.
 //! - [`hub`]: hands applied events to queued acquirers and watch streams.
+//! - [`auth_cache`]: callers' tokens, remembered until auth changes.
 //! - [`service`]: the operations, validated at the edge, over [`raft::Consensus`].
 //! - [`metrics`]: Prometheus metrics.
 //! - [`expiry`]: the leader's driver that proposes ticks when something is due.
@@ -13,6 +14,7 @@
 //! - [`server`]: wiring, for the binary and for tests.
 
 pub mod api;
+pub mod auth_cache;
 pub mod config_file;
 pub mod conn;
 pub mod expiry;

@@ -82,7 +82,8 @@ struct Args {
     #[arg(long, env = "LEASEHOLD_INSECURE")]
     insecure: bool,
     /// Every caller needs an access token: while auth is not enabled yet
-    /// (`leasehold auth enable`), only callers on this machine are served.
+    /// (`leasehold auth enable`), only callers on this machine (connecting
+    /// from the address they connect to, e.g. 127.0.0.1) are served.
     #[arg(long, env = "LEASEHOLD_REQUIRE_AUTH")]
     require_auth: bool,
     /// The certificate (PEM, chain) clients see; with it the port speaks

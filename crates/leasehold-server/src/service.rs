@@ -16,6 +16,7 @@ use leasehold_core::{
 };
 use tokio::sync::broadcast;
 
+use crate::auth_cache::Known;
 use crate::hub::WaitResult;
 use crate::raft::{ClusterStatus, Consensus, ConsensusError, NodeId};
 
@@ -193,19 +194,11 @@ impl LockService {
     /// The token this call acts for, by `auth`: `None` with auth off.
     fn caller(&self, auth: &AuthState) -> Result<Option<TokenId>, LockError> {
         if !auth.enabled() {
-            if self.require_auth && !self.local {
-                return Err(LockError::Unauthenticated {
-                    reason: "this node requires auth (--require-auth) and it is not enabled yet: run `leasehold auth enable` on the node's machine".to_string(),
-                });
-            }
-            return Ok(None);
+            return self.open_caller();
         }
         match &self.bearer {
             Some(bearer) => auth.authenticate(bearer).map(Some),
-            None => Err(LockError::Unauthenticated {
-                reason: "auth is enabled: present a token (authorization: Bearer <token>)"
-                    .to_string(),
-            }),
+            None => Err(no_token()),
         }
     }
 
@@ -213,7 +206,37 @@ impl LockService {
     /// anything is proposed, so a bad token costs no disk write. The table
     /// checks again when the command applies.
     fn caller_here(&self) -> Result<Option<TokenId>, ApiError> {
-        Ok(self.consensus.read_local(|t| self.caller(t.auth()))?)
+        let cache = &self.consensus.hub().auth;
+        let version = cache.version();
+        match cache.get(version, self.bearer.as_ref()) {
+            Some(Known::Off) => return Ok(self.open_caller()?),
+            Some(Known::Token(answer)) => return Ok(answer.map(Some)?),
+            Some(Known::Unknown) | None => {}
+        }
+        let (enabled, answer) = self.consensus.read_local(|t| {
+            let auth = t.auth();
+            let answer = self.bearer.as_ref().map(|b| auth.authenticate(b));
+            (auth.enabled(), answer)
+        });
+        cache.put(version, enabled, self.bearer.as_ref().zip(answer.clone()));
+        if !enabled {
+            return Ok(self.open_caller()?);
+        }
+        match answer {
+            Some(answer) => Ok(answer.map(Some)?),
+            None => Err(no_token().into()),
+        }
+    }
+
+    /// The caller while auth is off: anyone, unless `--require-auth` keeps
+    /// out callers from elsewhere.
+    fn open_caller(&self) -> Result<Option<TokenId>, LockError> {
+        if self.require_auth && !self.local {
+            return Err(LockError::Unauthenticated {
+                reason: "this node requires auth (--require-auth) and it is not enabled yet: run `leasehold auth enable` on the node's machine".to_string(),
+            });
+        }
+        Ok(None)
     }
 
     /// Refuses a token this node does not know (with auth off, any token
@@ -749,6 +772,12 @@ impl LockService {
             })
         })
         .await
+    }
+}
+
+fn no_token() -> LockError {
+    LockError::Unauthenticated {
+        reason: "auth is enabled: present a token (authorization: Bearer <token>)".to_string(),
     }
 }
 

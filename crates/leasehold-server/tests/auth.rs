@@ -461,3 +461,51 @@ async fn a_revoked_token_is_refused_on_every_node_and_auth_survives_restarts() {
     assert_eq!(acquire(&addr, None, "jobs/c").await.0, 401);
     assert_eq!(acquire(&addr, Some(&root), "jobs/c").await.0, 200);
 }
+
+/// A describe over HTTP from `source` (an address on this machine).
+async fn describe_from(source: &str, addr: &str, token: Option<&str>) -> (u16, Value) {
+    let client = reqwest::Client::builder()
+        .local_address(source.parse::<std::net::IpAddr>().expect("ip"))
+        .build()
+        .expect("client");
+    let mut request = client.get(format!("http://{addr}/v1/locks/jobs/a"));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let r = request.send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn require_auth_serves_only_this_machine_until_auth_is_on() {
+    let server = Leaseholdd::start_with(&["--require-auth"]);
+    let addr = server.addr.as_str();
+    // 127.0.0.2 stands for another machine: it is not the address it
+    // connects to (127.0.0.1).
+    let (status, body) = describe_from("127.0.0.2", addr, None).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("leasehold auth enable")),
+        "{body}"
+    );
+    let (status, _) = describe_from("127.0.0.1", addr, None).await;
+    assert_eq!(status, 200);
+    // Turning auth on from elsewhere is refused too; from here it works.
+    let r = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().expect("ip"))
+        .build()
+        .expect("client")
+        .post(format!("http://{addr}/v1/auth/enable"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 401);
+    let root = enable(addr).await;
+    let (status, _) = describe_from("127.0.0.2", addr, Some(&root)).await;
+    assert_eq!(status, 200);
+    let (status, _) = describe_from("127.0.0.1", addr, None).await;
+    assert_eq!(status, 401);
+}

@@ -246,6 +246,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.shared
             .applied_index
             .store(meta.last_log_id.map_or(0, |l| l.index), Ordering::Relaxed);
+        drop(applied);
+        // Auth may differ in the installed table.
+        self.shared.hub.auth.changed();
         Ok(())
     }
 
