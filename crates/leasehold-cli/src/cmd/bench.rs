@@ -381,9 +381,25 @@ async fn keep(
     Ok(())
 }
 
-async fn grpc(
-    a: &Args,
-) -> anyhow::Result<pb::leasehold_client::LeaseholdClient<tonic::transport::Channel>> {
+/// Puts `authorization: Bearer <token>` on every gRPC call, if there is a token.
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    #[allow(clippy::result_large_err)]
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            r.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(r)
+    }
+}
+
+type Grpc = pb::leasehold_client::LeaseholdClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
+>;
+
+async fn grpc(a: &Args) -> anyhow::Result<Grpc> {
     if !a.endpoint.starts_with("http") {
         bail!("this workload needs leaseholdd (an http:// endpoint)");
     }
@@ -405,11 +421,21 @@ async fn grpc(
         let host = target.rsplit_once(':').map_or(target.as_str(), |(h, _)| h);
         channel = channel.tls_config(a.tls.grpc(host)?)?;
     }
-    Ok(pb::leasehold_client::LeaseholdClient::new(
-        channel
-            .connect()
-            .await
-            .with_context(|| format!("connect to {target}"))?,
+    let bearer = match &a.token {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse()
+                .context("the token has characters a header cannot carry")?,
+        ),
+        None => None,
+    };
+    let channel = channel
+        .connect()
+        .await
+        .with_context(|| format!("connect to {target}"))?;
+    Ok(pb::leasehold_client::LeaseholdClient::with_interceptor(
+        channel,
+        Bearer(bearer),
     ))
 }
 
