@@ -129,6 +129,8 @@ pub enum PlantedBug {
     /// confirming it leads: a follower that lags or a deposed leader answers
     /// from the past.
     StaleRead,
+    /// A checkpoint save is acknowledged without being proposed.
+    LostCheckpoint,
 }
 
 /// The operations, over a running consensus node, on behalf of whoever
@@ -525,6 +527,10 @@ impl LockService {
         self.measured("save_checkpoint", async move {
             limits::validate_key(&key)?;
             limits::validate_checkpoint(&data)?;
+            #[cfg(feature = "planted-bugs")]
+            if self.planted == Some(PlantedBug::LostCheckpoint) {
+                return Ok(());
+            }
             match self
                 .propose_as(Command::SaveCheckpoint { key, fence, data })
                 .await?

@@ -18,6 +18,11 @@
 //!   it (no acknowledged release is lost, across crashes too), and one sent
 //!   after a grant of token G on that key was received shows no token below
 //!   G (reads are linearizable: no stale follower or deposed leader answers);
+//! - **no acknowledged checkpoint is lost**: a grant carries the checkpoint
+//!   of the highest token below its own whose save was acknowledged (the
+//!   last such save, or one that token sent after it whose answer was lost),
+//!   or a later one that some lower token sent; never an older one, never
+//!   none, never bytes nobody sent, across crashes too;
 //! - **no panic** in any host;
 //! - **progress**: once the faults heal, some call succeeds within
 //!   [`HEAL_BOUND`]; the longest time without any successful call is
@@ -53,6 +58,7 @@ pub fn check(records: &[Record], healed: Micros) -> Verdict {
     resource(records, &mut violations);
     exclusion(records, &mut violations);
     reads(records, &mut violations);
+    checkpoints(records, &mut violations);
     for r in records {
         if let Event::Panic { message } = &r.event {
             violations.push(format!("a host panicked at {} µs: {message}", r.at));
@@ -62,6 +68,80 @@ pub fn check(records: &[Record], healed: Micros) -> Verdict {
     Verdict {
         violations,
         longest_unavailable,
+    }
+}
+
+fn checkpoints(records: &[Record], violations: &mut Vec<String>) {
+    // Per (key, token): every save sent, in order, with when; and the
+    // index (into those) of the last one acknowledged.
+    type Saves<'a> = BTreeMap<(&'a str, u64), (Vec<&'a [u8]>, Option<usize>)>;
+    let mut saves: Saves = BTreeMap::new();
+    for r in records {
+        match &r.event {
+            Event::CheckpointSent {
+                key, fence, data, ..
+            } => saves
+                .entry((key.as_str(), *fence))
+                .or_default()
+                .0
+                .push(data.as_slice()),
+            Event::CheckpointSaved {
+                key, fence, data, ..
+            } => {
+                let entry = saves.entry((key.as_str(), *fence)).or_default();
+                // The last send of these bytes (a save is answered before
+                // the next is sent).
+                entry.1 = entry.0.iter().rposition(|d| *d == data.as_slice());
+            }
+            _ => {}
+        }
+    }
+    for r in records {
+        let Event::Granted {
+            key,
+            fence,
+            checkpoint,
+            ..
+        } = &r.event
+        else {
+            continue;
+        };
+        let key = key.as_str();
+        let below = saves.range((key, 0)..(key, *fence));
+        // The highest token below this grant's with an acknowledged save.
+        let acked = below
+            .filter_map(|((_, f), (sent, last))| last.map(|i| (*f, sent, i)))
+            .next_back();
+        let shown = |c: &Option<(u64, Vec<u8>)>| match c {
+            Some((f, d)) => format!("fence {f}'s {:?}", String::from_utf8_lossy(d)),
+            None => "none".to_string(),
+        };
+        let fine = match (checkpoint, acked) {
+            (None, None) => true,
+            (None, Some(_)) => false,
+            (Some((f, data)), acked) => {
+                let sent = saves.get(&(key, *f));
+                let was_sent = |from: usize| {
+                    sent.is_some_and(|(list, _)| list[from..].contains(&data.as_slice()))
+                };
+                *f < *fence
+                    && match acked {
+                        None => was_sent(0),
+                        Some((af, _, _)) if *f > af => was_sent(0),
+                        Some((af, _, i)) if *f == af => was_sent(i),
+                        Some(_) => false,
+                    }
+            }
+        };
+        if !fine {
+            let expected = acked.map(|(f, sent, i)| (f, sent[i].to_vec()));
+            violations.push(format!(
+                "checkpoint lost: grant of {key:?} with fence {fence} at {} µs carried {}, but the last acknowledged save below it was {}",
+                r.at,
+                shown(checkpoint),
+                shown(&expected)
+            ));
+        }
     }
 }
 

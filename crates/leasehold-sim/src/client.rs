@@ -244,8 +244,13 @@ impl SimClient {
                     fence: grant.fence,
                     lease,
                     sent: acquire_sent,
+                    checkpoint: grant
+                        .checkpoint
+                        .as_ref()
+                        .map(|c| (c.fence, c.data.to_vec())),
                 });
                 let mut why = "released";
+                let mut saved = 0u32;
                 let writes = rng.gen_range(1..=self.workload.writes);
                 for _ in 0..writes {
                     if !liveness.is_live() {
@@ -276,6 +281,32 @@ impl SimClient {
                         fence: grant.fence,
                         admitted,
                     });
+                    // Progress saved with the lock, for the next holder.
+                    if admitted && rng.gen_bool(0.5) {
+                        saved += 1;
+                        let data = format!("c{}/f{}/{saved}", self.id, grant.fence).into_bytes();
+                        self.history.record(Event::CheckpointSent {
+                            client: self.id,
+                            key: key.clone(),
+                            fence: grant.fence,
+                            data: data.clone(),
+                        });
+                        let save = ClientCall::SaveCheckpoint {
+                            key: key.clone(),
+                            fence: grant.fence,
+                            data: data.clone(),
+                        };
+                        let answer = caller.call(save, quick, quick).await;
+                        self.record_answer("checkpoint", &answer);
+                        if answer.is_ok() {
+                            self.history.record(Event::CheckpointSaved {
+                                client: self.id,
+                                key: key.clone(),
+                                fence: grant.fence,
+                                data,
+                            });
+                        }
+                    }
                     tokio::time::sleep(Duration::from_millis(rng.gen_range(30..200))).await;
                 }
                 // The belief ends at the earliest of the deadline, noticing

@@ -31,6 +31,30 @@ pub enum Event {
         lease: LeaseId,
         /// When the acquire was first sent.
         sent: Micros,
+        /// The checkpoint the grant carried: its token and bytes.
+        checkpoint: Option<(Fence, Vec<u8>)>,
+    },
+    /// A client sent a checkpoint save (a retry sends the same bytes).
+    CheckpointSent {
+        /// The client.
+        client: usize,
+        /// The key.
+        key: String,
+        /// The holder's token.
+        fence: Fence,
+        /// The bytes.
+        data: Vec<u8>,
+    },
+    /// A client's checkpoint save was acknowledged.
+    CheckpointSaved {
+        /// The client.
+        client: usize,
+        /// The key.
+        key: String,
+        /// The holder's token.
+        fence: Fence,
+        /// The bytes.
+        data: Vec<u8>,
     },
     /// A client stopped believing it holds a key: at the end of its
     /// belief (`until`), the earliest of its deadline, its release and its

@@ -76,15 +76,18 @@ pub enum Bug {
     DeadlineFromReply,
     /// Reads answer from the node's own table without confirming it leads.
     StaleRead,
+    /// A checkpoint save is acknowledged and never written.
+    LostCheckpoint,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 4] = [
+    pub const ALL: [Bug; 5] = [
         Bug::AckBeforeFsync,
         Bug::BlindRelease,
         Bug::DeadlineFromReply,
         Bug::StaleRead,
+        Bug::LostCheckpoint,
     ];
 
     /// Its name on the command line.
@@ -94,6 +97,7 @@ impl Bug {
             Bug::BlindRelease => "blind-release",
             Bug::DeadlineFromReply => "deadline-from-reply",
             Bug::StaleRead => "stale-read",
+            Bug::LostCheckpoint => "lost-checkpoint",
         }
     }
 }
@@ -246,6 +250,7 @@ impl Sandbox {
                 planted: match bug {
                     Some(Bug::BlindRelease) => Some(PlantedBug::BlindRelease),
                     Some(Bug::StaleRead) => Some(PlantedBug::StaleRead),
+                    Some(Bug::LostCheckpoint) => Some(PlantedBug::LostCheckpoint),
                     _ => None,
                 },
                 net: net.clone(),

@@ -44,6 +44,15 @@ pub enum ClientCall {
         /// Makes a retry safe.
         request_id: RequestId,
     },
+    /// Save a checkpoint with a held key.
+    SaveCheckpoint {
+        /// The key.
+        key: String,
+        /// The holder's token.
+        fence: Fence,
+        /// The bytes.
+        data: Vec<u8>,
+    },
     /// End a lease.
     Revoke(LeaseId),
     /// Who holds a key (a linearizable read).

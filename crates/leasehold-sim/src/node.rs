@@ -205,6 +205,10 @@ async fn serve(
             .await
             .map(|()| ClientAnswer::Done),
         ClientCall::Revoke(lease) => service.revoke(lease).await.map(|_| ClientAnswer::Done),
+        ClientCall::SaveCheckpoint { key, fence, data } => service
+            .save_checkpoint(key, fence, data)
+            .await
+            .map(|()| ClientAnswer::Done),
         ClientCall::Describe(key) => service
             .lock(&key)
             .await

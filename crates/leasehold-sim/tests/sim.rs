@@ -100,6 +100,11 @@ fn a_deadline_counted_from_the_reply_is_caught_within_60_seeds() {
 }
 
 #[test]
+fn a_lost_checkpoint_is_caught_within_10_seeds() {
+    assert_caught(Bug::LostCheckpoint, 10, "checkpoint lost");
+}
+
+#[test]
 fn a_stale_read_is_caught_within_10_seeds() {
     // A follower answering from its own table shows a holder whose release
     // was already acknowledged, or one older than a grant already received.
