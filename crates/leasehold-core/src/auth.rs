@@ -346,8 +346,9 @@ impl AuthState {
         &self.audit
     }
 
-    /// Who `token` is, for the audit trail.
-    fn who(&self, token: Option<TokenId>) -> String {
+    /// Who `token` is, for the audit trail: `"name" (token N)`, or
+    /// `anonymous`.
+    pub fn who(&self, token: Option<TokenId>) -> String {
         match token.and_then(|id| self.tokens.get(&id).map(|t| (id, t))) {
             Some((id, t)) => format!("{:?} (token {id})", t.name),
             None => "anonymous".to_string(),

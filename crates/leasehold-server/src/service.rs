@@ -353,8 +353,25 @@ impl LockService {
     /// Ends a lease, releasing its locks.
     pub async fn revoke(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
         self.measured("revoke", async move {
+            // Revoking another token's lease is an admin act: audited.
+            let others = self.consensus.read_local(|t| {
+                let who = self.caller(t.auth()).ok().flatten()?;
+                let owner = t.lease(lease, t.now())?.owner;
+                (owner != Some(who)).then(|| (t.auth().who(Some(who)), t.auth().who(owner)))
+            });
             match self.propose_as(Command::Revoke { lease }).await? {
-                Response::Revoked { released } => Ok(released),
+                Response::Revoked { released } => {
+                    if let Some((who, owner)) = others {
+                        audit(
+                            &who,
+                            &format!(
+                                "lease {lease} of {owner} revoked, releasing {} keys",
+                                released.len()
+                            ),
+                        );
+                    }
+                    Ok(released)
+                }
                 other => Err(unexpected(other)),
             }
         })
@@ -670,16 +687,27 @@ impl LockService {
 
     /// Adds a member (admin on every key).
     pub async fn add_member(&self, id: NodeId, addr: String) -> Result<ClusterStatus, ApiError> {
-        self.consensus
-            .read_local(|t| self.allowed(t, "", Permission::Admin))?;
-        self.consensus.add_member(id, addr).await
+        let who = self.admin_here()?;
+        let what = format!("member {id} at {addr} added");
+        let status = self.consensus.add_member(id, addr).await?;
+        audit(&who, &what);
+        Ok(status)
     }
 
     /// Removes a member (admin on every key).
     pub async fn remove_member(&self, id: NodeId) -> Result<ClusterStatus, ApiError> {
-        self.consensus
-            .read_local(|t| self.allowed(t, "", Permission::Admin))?;
-        self.consensus.remove_member(id).await
+        let who = self.admin_here()?;
+        let status = self.consensus.remove_member(id).await?;
+        audit(&who, &format!("member {id} removed"));
+        Ok(status)
+    }
+
+    /// Checks the caller has admin on every key; who it is, for the audit log.
+    fn admin_here(&self) -> Result<String, ApiError> {
+        Ok(self.consensus.read_local(|t| {
+            self.allowed(t, "", Permission::Admin)?;
+            Ok::<_, LockError>(t.auth().who(self.caller(t.auth())?))
+        })?)
     }
 
     // ---- auth ----
@@ -779,6 +807,12 @@ impl LockService {
         })
         .await
     }
+}
+
+/// An admin act outside the replicated audit trail (membership, another
+/// token's lease), in this node's log.
+fn audit(who: &str, what: &str) {
+    tracing::info!(target: "leasehold::audit", who, "{what}");
 }
 
 fn no_token() -> LockError {

@@ -200,6 +200,34 @@ async fn a_token_touches_and_sees_only_its_prefixes() {
         .expect_err("describe outside the prefix");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied);
     assert_eq!(code(&refused), "permission_denied");
+
+    // Root may revoke the jobs token's lease: an admin act, in the audit log.
+    let path = format!("/v1/leases/{}", mine["lease"]);
+    let (status, body) = call("DELETE", addr, &path, Some(&root), None).await;
+    assert_eq!(status, 200, "{body}");
+    let start = Instant::now();
+    while !server
+        .process
+        .output()
+        .contains("revoked, releasing 1 keys")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{}",
+            server.process.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = server.process.output();
+    let line = log
+        .lines()
+        .find(|l| l.contains("revoked, releasing 1 keys"))
+        .expect("the audit line");
+    assert!(
+        line.contains("leasehold::audit") && line.contains("root"),
+        "{line}"
+    );
+    assert!(line.contains("of \"jobs\" (token 2)"), "{line}");
 }
 
 #[tokio::test]
