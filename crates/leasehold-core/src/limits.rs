@@ -22,15 +22,20 @@ pub fn validate_key(key: &str) -> Result<(), LockError> {
     if key.is_empty() {
         return Err(LockError::invalid("key", "must not be empty"));
     }
-    if key.len() > MAX_KEY_LEN {
+    validate_text("key", key, MAX_KEY_LEN)
+}
+
+/// Text of at most `max` bytes with no control characters.
+fn validate_text(field: &'static str, text: &str, max: usize) -> Result<(), LockError> {
+    if text.len() > max {
         return Err(LockError::invalid(
-            "key",
-            format!("is {} bytes; the limit is {MAX_KEY_LEN}", key.len()),
+            field,
+            format!("is {} bytes; the limit is {max}", text.len()),
         ));
     }
-    if key.chars().any(char::is_control) {
+    if text.chars().any(char::is_control) {
         return Err(LockError::invalid(
-            "key",
+            field,
             "must not contain control characters",
         ));
     }
@@ -40,19 +45,7 @@ pub fn validate_key(key: &str) -> Result<(), LockError> {
 /// Checks a key prefix (of a list, a watch or a role's rule): like a key,
 /// but it may be empty (every key).
 pub fn validate_prefix(prefix: &str) -> Result<(), LockError> {
-    if prefix.len() > MAX_KEY_LEN {
-        return Err(LockError::invalid(
-            "prefix",
-            format!("is {} bytes; the limit is {MAX_KEY_LEN}", prefix.len()),
-        ));
-    }
-    if prefix.chars().any(char::is_control) {
-        return Err(LockError::invalid(
-            "prefix",
-            "must not contain control characters",
-        ));
-    }
-    Ok(())
+    validate_text("prefix", prefix, MAX_KEY_LEN)
 }
 
 /// Checks a lease TTL in milliseconds.
@@ -68,19 +61,7 @@ pub fn validate_ttl(ttl_ms: u64) -> Result<(), LockError> {
 
 /// Checks a holder name: at most 256 bytes, no control characters.
 pub fn validate_holder(holder: &str) -> Result<(), LockError> {
-    if holder.len() > MAX_HOLDER_LEN {
-        return Err(LockError::invalid(
-            "holder",
-            format!("is {} bytes; the limit is {MAX_HOLDER_LEN}", holder.len()),
-        ));
-    }
-    if holder.chars().any(char::is_control) {
-        return Err(LockError::invalid(
-            "holder",
-            "must not contain control characters",
-        ));
-    }
-    Ok(())
+    validate_text("holder", holder, MAX_HOLDER_LEN)
 }
 
 /// Checks an acquire's wait and lock-delay.

@@ -62,6 +62,12 @@ async fn token_for(addr: &str, root: &str, role: &str, rules: Value) -> String {
     body["token"].as_str().expect("token").to_string()
 }
 
+/// A token for the role `jobs`: lock on `jobs/`, nothing else.
+async fn jobs_token(addr: &str, root: &str) -> String {
+    let rules = json!([{ "prefix": "jobs/", "permission": "lock" }]);
+    token_for(addr, root, "jobs", rules).await
+}
+
 /// Takes `key` on a new lease as `token`: the status and the answer.
 async fn acquire(addr: &str, token: Option<&str>, key: &str) -> (u16, Value) {
     let body = json!({ "key": key, "ttl_ms": 30_000 });
@@ -100,13 +106,7 @@ async fn a_token_touches_and_sees_only_its_prefixes() {
     // Before auth is on, anyone may do anything.
     assert_eq!(acquire(addr, None, "before/auth").await.0, 200);
     let root = enable(addr).await;
-    let jobs = token_for(
-        addr,
-        &root,
-        "jobs",
-        json!([{ "prefix": "jobs/", "permission": "lock" }]),
-    )
-    .await;
+    let jobs = jobs_token(addr, &root).await;
 
     // No token, a malformed one, a made-up one: 401, and nothing taken.
     let (status, body) = acquire(addr, None, "jobs/a").await;
@@ -234,13 +234,7 @@ async fn a_token_touches_and_sees_only_its_prefixes() {
 async fn the_framed_protocol_authenticates_with_a_frame() {
     let server = Leaseholdd::start();
     let root = enable(&server.addr).await;
-    let jobs = token_for(
-        &server.addr,
-        &root,
-        "jobs",
-        json!([{ "prefix": "jobs/", "permission": "lock" }]),
-    )
-    .await;
+    let jobs = jobs_token(&server.addr, &root).await;
     let mut frames = RawFrames::connect(&server).await;
     let grant = pb::GrantRequest {
         ttl_ms: 10_000,
@@ -299,13 +293,7 @@ async fn bad_input_to_the_auth_api_is_refused_and_changes_nothing() {
     let server = Leaseholdd::start();
     let addr = server.addr.as_str();
     let root = enable(addr).await;
-    let jobs = token_for(
-        addr,
-        &root,
-        "jobs",
-        json!([{ "prefix": "jobs/", "permission": "lock" }]),
-    )
-    .await;
+    let jobs = jobs_token(addr, &root).await;
     let (_, before) = call("GET", addr, "/v1/auth", Some(&root), None).await;
     let r = Some(root.as_str());
     let refusals: Vec<(&str, String, Option<Value>, u16)> = vec![
@@ -423,13 +411,7 @@ async fn a_revoked_token_is_refused_on_every_node_and_auth_survives_restarts() {
     let leader = cluster.wait_leader();
     let addr = cluster.nodes[leader].addr.clone();
     let root = enable(&addr).await;
-    let jobs = token_for(
-        &addr,
-        &root,
-        "jobs",
-        json!([{ "prefix": "jobs/", "permission": "lock" }]),
-    )
-    .await;
+    let jobs = jobs_token(&addr, &root).await;
     let (status, _) = acquire(&addr, Some(&jobs), "jobs/a").await;
     assert_eq!(status, 200);
 

@@ -100,21 +100,14 @@ impl Grpc {
     /// `authorization: Bearer <token>`), and the message.
     #[allow(clippy::result_large_err)]
     fn caller<T>(&self, request: Request<T>) -> Result<(LockService, T), Status> {
-        let bearer = match request.metadata().get("authorization") {
-            None => None,
-            Some(value) => Some(
-                value
-                    .to_str()
-                    .ok()
-                    .and_then(super::bearer)
-                    .ok_or_else(|| Status::from(super::malformed_authorization()))?,
-            ),
-        };
-        let local = request
-            .extensions()
-            .get::<crate::conn::Local>()
-            .is_some_and(|l| l.0);
-        let service = self.service.from_local(local).with_bearer(bearer);
+        let service = super::caller_service(
+            &self.service,
+            request
+                .metadata()
+                .get("authorization")
+                .map(|v| v.to_str().ok()),
+            request.extensions().get(),
+        )?;
         Ok((service, request.into_inner()))
     }
 }

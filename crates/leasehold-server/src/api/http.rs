@@ -97,21 +97,15 @@ impl FromRequestParts<LockService> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, service: &LockService) -> Result<Self> {
-        let bearer = match parts.headers.get(axum::http::header::AUTHORIZATION) {
-            None => None,
-            Some(value) => Some(
-                value
-                    .to_str()
-                    .ok()
-                    .and_then(super::bearer)
-                    .ok_or_else(super::malformed_authorization)?,
-            ),
-        };
-        let local = parts
-            .extensions
-            .get::<crate::conn::Local>()
-            .is_some_and(|l| l.0);
-        Ok(Caller(service.from_local(local).with_bearer(bearer)))
+        let service = super::caller_service(
+            service,
+            parts
+                .headers
+                .get(axum::http::header::AUTHORIZATION)
+                .map(|v| v.to_str().ok()),
+            parts.extensions.get(),
+        )?;
+        Ok(Caller(service))
     }
 }
 

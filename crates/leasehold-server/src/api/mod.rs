@@ -24,17 +24,29 @@ pub fn router(service: LockService, peer_certificates: bool) -> axum::Router {
     http::router(service).merge(grpc).fallback(http::not_found)
 }
 
-/// The token in an `authorization` value: `Bearer <token>` (the scheme in
-/// any case), or `None` if it is not one.
+/// The service for one call: acting for the token of its `authorization`
+/// value (`Bearer <token>`, the scheme in any case; `None` if it has no
+/// such header, and `Some(None)` if the value is not text), for a caller on
+/// this machine or not (`Local`, if the connection said).
+fn caller_service(
+    service: &LockService,
+    authorization: Option<Option<&str>>,
+    local: Option<&crate::conn::Local>,
+) -> Result<LockService, crate::service::ApiError> {
+    let bearer = match authorization {
+        None => None,
+        Some(value) => Some(value.and_then(bearer).ok_or_else(|| {
+            leasehold_core::LockError::Unauthenticated {
+                reason: "the authorization header must be `Bearer <token>`".into(),
+            }
+        })?),
+    };
+    let local = local.is_some_and(|l| l.0);
+    Ok(service.from_local(local).with_bearer(bearer))
+}
+
 fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-fn malformed_authorization() -> crate::service::ApiError {
-    leasehold_core::LockError::Unauthenticated {
-        reason: "the authorization header must be `Bearer <token>`".into(),
-    }
-    .into()
 }
