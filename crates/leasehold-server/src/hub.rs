@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use leasehold_core::{Event, Grant, LeaseId, WaitEnd};
+use leasehold_core::{Event, Grant, LeaseId, RequestId, WaitEnd};
 use tokio::sync::{broadcast, oneshot, Notify};
 
 use crate::auth_cache::AuthCache;
@@ -21,6 +21,10 @@ pub enum WaitResult {
 
 type WaitKey = (LeaseId, String);
 
+/// By lease, key and request id: the latest attempt's number, and how many
+/// attempts are running.
+type Attempts = HashMap<(LeaseId, String, RequestId), (u64, usize)>;
+
 /// Shared between the state machine (which publishes) and the API (which waits).
 pub struct Hub {
     waiters: Mutex<HashMap<WaitKey, Vec<oneshot::Sender<WaitResult>>>>,
@@ -32,6 +36,9 @@ pub struct Hub {
     pub metrics: Metrics,
     /// Callers' tokens as of the last auth change.
     pub auth: AuthCache,
+    /// Waits being listened for on this node, by lease, key and request id:
+    /// the latest attempt's number and how many attempts are still running.
+    attempts: Mutex<Attempts>,
 }
 
 impl Default for Hub {
@@ -42,6 +49,7 @@ impl Default for Hub {
             applied: Notify::new(),
             metrics: Metrics::default(),
             auth: AuthCache::default(),
+            attempts: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -62,6 +70,40 @@ impl Hub {
             .or_default()
             .push(tx);
         rx
+    }
+
+    /// A call begins listening for a wait (a first attempt, or a retry that
+    /// re-attaches to it); its attempt number.
+    pub fn attempt_begin(&self, lease: LeaseId, key: &str, request_id: RequestId) -> u64 {
+        let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = attempts
+            .entry((lease, key.to_string(), request_id))
+            .or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += 1;
+        entry.0
+    }
+
+    /// Attempt `attempt` ended; whether it was the latest (no retry of the
+    /// same wait began on this node after it).
+    pub fn attempt_end(
+        &self,
+        lease: LeaseId,
+        key: &str,
+        request_id: RequestId,
+        attempt: u64,
+    ) -> bool {
+        let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        let k = (lease, key.to_string(), request_id);
+        let Some(entry) = attempts.get_mut(&k) else {
+            return true;
+        };
+        let latest = entry.0 == attempt;
+        entry.1 = entry.1.saturating_sub(1);
+        if entry.1 == 0 {
+            attempts.remove(&k);
+        }
+        latest
     }
 
     /// Drops registrations whose receivers are gone.

@@ -452,11 +452,14 @@ impl LockService {
         };
         let hub = self.consensus.hub().clone();
         let outcome = hub.wait_for(lease, &args.key);
+        let attempt = hub.attempt_begin(lease, &args.key, args.request_id);
         let mut cancel = CancelOnDrop {
             consensus: Some(self.consensus.clone()),
             lease,
             key: args.key.clone(),
             request_id: args.request_id,
+            hub: hub.clone(),
+            attempt,
         };
         let queued_at = std::time::Instant::now();
         let first = self.propose_as(command).await;
@@ -970,18 +973,31 @@ impl Watch {
 }
 
 /// Withdraws a wait when the waiting call is dropped before it saw an outcome.
+///
+/// Only the latest attempt of a wait on this node withdraws it: a retry of
+/// the same acquire (same lease, key and request id) re-attaches to the wait
+/// in the table, and the earlier attempt, abandoned by its caller, must not
+/// then withdraw the wait, or take back a grant, that the retry is answering.
 struct CancelOnDrop {
     consensus: Option<Consensus>,
     lease: LeaseId,
     key: String,
     request_id: RequestId,
+    hub: Arc<crate::hub::Hub>,
+    attempt: u64,
 }
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
+        let latest = self
+            .hub
+            .attempt_end(self.lease, &self.key, self.request_id, self.attempt);
         let Some(consensus) = self.consensus.take() else {
             return;
         };
+        if !latest {
+            return;
+        }
         let command = Command::CancelWait {
             lease: self.lease,
             key: std::mem::take(&mut self.key),

@@ -278,3 +278,16 @@ fn regression_seeds_930_and_6706_a_restarted_leader_reads_nothing_stale() {
         );
     }
 }
+
+/// Seed 5577 found two clients believing they held one key: a client's wait
+/// got no answer in time and it retried the acquire (same lease, key and
+/// request id), which re-attached to the wait and was granted. The first
+/// attempt, still running on the same node, then hit its own time limit and
+/// withdrew the wait by its request id, taking back the grant the retry had
+/// just answered; the key went to the next in line. Only the latest attempt
+/// of a wait on a node withdraws it now.
+#[test]
+fn regression_seed_5577_an_abandoned_attempt_does_not_take_back_its_retrys_grant() {
+    let report = run(&Config::seed(5577));
+    assert!(report.passed(), "{:#?}", report.verdict.violations);
+}
