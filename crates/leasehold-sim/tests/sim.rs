@@ -291,3 +291,17 @@ fn regression_seed_5577_an_abandoned_attempt_does_not_take_back_its_retrys_grant
     let report = run(&Config::seed(5577));
     assert!(report.passed(), "{:#?}", report.verdict.violations);
 }
+
+/// Seed 776 (5 nodes) finds a key granted again while the client it was
+/// granted to after a long wait still holds a live lease: suspected to be
+/// seed 5577's race between attempts of one wait, across two nodes, which
+/// the per-node attempt count does not cover. Not fixed yet.
+#[test]
+#[ignore = "seed 776 still fails: a wait's attempts on two nodes"]
+fn regression_seed_776_five_nodes_a_waits_attempts_on_two_nodes() {
+    let report = run(&Config {
+        nodes: 5,
+        ..Config::seed(776)
+    });
+    assert!(report.passed(), "{:#?}", report.verdict.violations);
+}
