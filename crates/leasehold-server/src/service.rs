@@ -462,7 +462,8 @@ impl LockService {
             attempt,
         };
         let queued_at = std::time::Instant::now();
-        let first = self.propose_as(command).await;
+        let first = self.propose_as(command.clone()).await;
+        let queued_in = self.consensus.read_local(|t| t.epoch());
         let result = match first {
             Ok(Response::Acquired(grant)) => Ok(grant),
             Ok(Response::Queued { .. }) => {
@@ -470,10 +471,34 @@ impl LockService {
                 // leader change that would lose the tick.
                 let limit = Duration::from_millis(args.wait_ms) + Duration::from_secs(2);
                 match tokio::time::timeout(limit, outcome).await {
-                    Ok(Ok(WaitResult::Granted(grant))) => {
+                    Ok(Ok(WaitResult::Granted(grant)))
+                        if self.consensus.read_local(|t| t.epoch()) == queued_in =>
+                    {
                         hub.metrics.waited(queued_at.elapsed());
                         Ok(grant)
                     }
+                    // A leadership began while this call waited: the new
+                    // leader gave the wait a window to be re-attached
+                    // (`REATTACH_MS`) and takes a grant made in it back
+                    // unless its caller comes for it. This call heard the
+                    // grant, perhaps on a node that no longer leads, but
+                    // never came for it. It does now, with the same request:
+                    // answered with the grant, which is then kept; or, here
+                    // on a follower, refused, and the caller's retry at the
+                    // leader re-attaches and is answered with it.
+                    Ok(Ok(WaitResult::Granted(_))) => match self.propose_as(command).await {
+                        Ok(Response::Acquired(grant)) => {
+                            hub.metrics.waited(queued_at.elapsed());
+                            Ok(grant)
+                        }
+                        Ok(other) => Err(unexpected(other)),
+                        Err(ApiError::Lock(e)) => Err(e.into()),
+                        // Not confirmed: leave `cancel` armed.
+                        Err(e) => {
+                            hub.forget(lease, &args.key);
+                            return Err(e);
+                        }
+                    },
                     Ok(Ok(WaitResult::Ended(WaitEnd::LeaseGone))) => {
                         Err(LockError::LeaseExpired { lease }.into())
                     }
