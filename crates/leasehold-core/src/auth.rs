@@ -364,8 +364,25 @@ impl AuthState {
         at_unix_ms: u64,
         change: AuthChange,
     ) -> Result<Option<TokenId>, LockError> {
+        // A retried enable (same root secret) is answered with the root
+        // token it made; whoever knows that secret made it.
+        if let AuthChange::Enable { root_hash } = &change {
+            if let Some(id) = self
+                .token_with(root_hash, "root", ROOT_ROLE)
+                .filter(|_| self.enabled)
+            {
+                return Ok(Some(id));
+            }
+        }
         if self.enabled {
             self.check(token, "", Permission::Admin)?;
+        }
+        // A retried token creation (same secret, name and role) is answered
+        // with the token it made, and changes nothing.
+        if let AuthChange::CreateToken { name, role, hash } = &change {
+            if let Some(id) = self.token_with(hash, name, role) {
+                return Ok(Some(id));
+            }
         }
         let who = self.who(token);
         let mut next = self.clone_without_audit();
@@ -389,6 +406,14 @@ impl AuthState {
         });
         self.next_audit += 1;
         Ok(created)
+    }
+
+    /// The live token with this hash, name and role.
+    fn token_with(&self, hash: &TokenHash, name: &str, role: &str) -> Option<TokenId> {
+        self.tokens
+            .iter()
+            .find(|(_, t)| same_hash(&t.hash, hash) && t.name == name && t.role == role)
+            .map(|(id, _)| *id)
     }
 
     /// A copy to change and keep only if the change is allowed; the audit
@@ -519,9 +544,15 @@ impl AuthState {
                         format!("there are {MAX_TOKENS} tokens already"),
                     ));
                 }
-                let what = format!("token {{id}} {name:?} created for role {role:?}");
+                if self.tokens.values().any(|t| same_hash(&t.hash, &hash)) {
+                    return Err(LockError::invalid(
+                        "secret",
+                        "another token has this secret; choose a new one",
+                    ));
+                }
+                let what = format!("{name:?} created for role {role:?}");
                 let id = self.new_token(name, role, hash, at_unix_ms);
-                Ok((Some(id), what.replace("{id}", &id.to_string())))
+                Ok((Some(id), format!("token {id} {what}")))
             }
             AuthChange::RevokeToken { id } => match self.tokens.remove(&id) {
                 Some(t) => Ok((None, format!("token {id} {:?} revoked", t.name))),
@@ -560,6 +591,41 @@ mod tests {
         assert_eq!(role.permission("jobs/secret/a"), Permission::None);
         assert_eq!(role.permission("payments/x"), Permission::Read);
         assert_eq!(Role::default().permission("x"), Permission::None);
+    }
+
+    #[test]
+    fn a_retried_enable_or_token_creation_answers_the_same_token_and_changes_nothing() {
+        let mut auth = AuthState::default();
+        let enable = || AuthChange::Enable {
+            root_hash: hash_secret("r"),
+        };
+        let root = auth.apply(None, 1, enable()).unwrap();
+        let once = auth.clone();
+        // The retry of an enable whose answer was lost: no token needed.
+        assert_eq!(auth.apply(None, 2, enable()), Ok(root));
+        assert_eq!(auth, once);
+        // Another secret is refused: auth is already on.
+        let other = AuthChange::Enable {
+            root_hash: hash_secret("x"),
+        };
+        assert!(auth.apply(None, 3, other).is_err());
+        let create = || AuthChange::CreateToken {
+            name: "t".into(),
+            role: ROOT_ROLE.into(),
+            hash: hash_secret("t"),
+        };
+        let made = auth.apply(root, 4, create()).unwrap();
+        let twice = auth.clone();
+        assert_eq!(auth.apply(root, 5, create()), Ok(made));
+        assert_eq!(auth, twice);
+        // The same secret under another name is refused.
+        let clash = AuthChange::CreateToken {
+            name: "u".into(),
+            role: ROOT_ROLE.into(),
+            hash: hash_secret("t"),
+        };
+        assert!(auth.apply(root, 6, clash).is_err());
+        assert_eq!(auth, twice);
     }
 
     #[test]

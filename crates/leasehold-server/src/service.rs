@@ -746,10 +746,19 @@ impl LockService {
         let at_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let command = Command::Auth { change, at_unix_ms };
-        let op = "auth";
-        self.measured(op, async move {
-            match self.propose_as(command).await? {
+        // A repeated enable needs no token: the table answers it if it
+        // names the root token's secret, and refuses it otherwise.
+        let enable = matches!(change, AuthChange::Enable { .. });
+        let token = match self.caller_here() {
+            Err(_) if enable && self.consensus.read_local(|t| t.auth().enabled()) => None,
+            caller => caller?,
+        };
+        let command = Command::As {
+            token,
+            command: Box::new(Command::Auth { change, at_unix_ms }),
+        };
+        self.measured("auth", async move {
+            match self.propose(command).await? {
                 Response::AuthChanged { token } => Ok(token),
                 other => Err(unexpected(other)),
             }
@@ -758,9 +767,11 @@ impl LockService {
     }
 
     /// Turns auth on; returns the root token (admin on every key), which is
-    /// shown this once and stored only as a hash.
-    pub async fn enable_auth(&self) -> Result<NewToken, ApiError> {
-        let secret = new_secret();
+    /// shown this once and stored only as a hash. With `secret` (chosen by
+    /// the caller), a retry whose first answer was lost is answered with the
+    /// same token.
+    pub async fn enable_auth(&self, secret: Option<String>) -> Result<NewToken, ApiError> {
+        let secret = secret_or_new(secret)?;
         let root_hash = auth::hash_secret(&secret);
         let id = self
             .change_auth(AuthChange::Enable { root_hash })
@@ -791,9 +802,16 @@ impl LockService {
             .map(drop)
     }
 
-    /// Creates a token for `role`; its secret is shown this once.
-    pub async fn create_token(&self, name: String, role: String) -> Result<NewToken, ApiError> {
-        let secret = new_secret();
+    /// Creates a token for `role`; its secret is shown this once. With
+    /// `secret` (chosen by the caller), a retry is answered with the token
+    /// the first attempt made.
+    pub async fn create_token(
+        &self,
+        name: String,
+        role: String,
+        secret: Option<String>,
+    ) -> Result<NewToken, ApiError> {
+        let secret = secret_or_new(secret)?;
         let hash = auth::hash_secret(&secret);
         let id = self
             .change_auth(AuthChange::CreateToken { name, role, hash })
@@ -859,12 +877,22 @@ fn sees_lease(auth: &AuthState, who: Option<TokenId>, owner: Option<TokenId>) ->
             .is_ok_and(|p| p >= Permission::Read)
 }
 
-/// 32 random bytes, hex: a token's secret.
-fn new_secret() -> String {
-    use rand::RngCore;
-    let mut bytes = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// A caller's secret for a new token, checked, or 32 random bytes in hex.
+fn secret_or_new(secret: Option<String>) -> Result<String, ApiError> {
+    let Some(secret) = secret else {
+        use rand::RngCore;
+        let mut bytes = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        return Ok(bytes.iter().map(|b| format!("{b:02x}")).collect());
+    };
+    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if !(32..=256).contains(&secret.len()) || !secret.chars().all(allowed) {
+        return Err(ApiError::invalid(
+            "secret",
+            "must be 32 to 256 characters of A-Z, a-z, 0-9, - and _ (e.g. 32 random bytes in hex)",
+        ));
+    }
+    Ok(secret)
 }
 
 /// A token just made: its id and the whole token, shown once.

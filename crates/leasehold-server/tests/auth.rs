@@ -519,3 +519,55 @@ async fn require_auth_serves_only_this_machine_until_auth_is_on() {
     let (status, _) = describe_from("127.0.0.1", addr, None).await;
     assert_eq!(status, 401);
 }
+
+/// `auth enable` or a token creation whose answer was lost is sent again
+/// with the same secret: answered with the same token, nothing made twice.
+#[tokio::test]
+async fn a_token_request_sent_again_with_its_secret_makes_one_token() {
+    let server = Leaseholdd::start();
+    let addr = server.addr.as_str();
+    let secret = "0123456789abcdef0123456789abcdef";
+    let enable = json!({ "secret": secret });
+    let (status, first) = call("POST", addr, "/v1/auth/enable", None, Some(enable.clone())).await;
+    assert_eq!(status, 200, "{first}");
+    let (status, again) = call("POST", addr, "/v1/auth/enable", None, Some(enable)).await;
+    assert_eq!((status, &again), (200, &first));
+    let root = first["token"].as_str().expect("root").to_string();
+    assert!(root.ends_with(secret), "{root}");
+    // Another secret, with no token: refused as anyone's call is now; with
+    // the root token: auth is on already.
+    let other = json!({ "secret": "f".repeat(32) });
+    let path = "/v1/auth/enable";
+    assert_eq!(
+        call("POST", addr, path, None, Some(other.clone())).await.0,
+        401
+    );
+    assert_eq!(
+        call("POST", addr, path, Some(&root), Some(other)).await.0,
+        400
+    );
+
+    let made = json!({ "name": "ci", "role": "root", "secret": "s".repeat(40) });
+    let (_, one) = call(
+        "POST",
+        addr,
+        "/v1/auth/tokens",
+        Some(&root),
+        Some(made.clone()),
+    )
+    .await;
+    let (_, two) = call("POST", addr, "/v1/auth/tokens", Some(&root), Some(made)).await;
+    assert_eq!(one, two);
+    let (_, state) = call("GET", addr, "/v1/auth", Some(&root), None).await;
+    assert_eq!(state["tokens"].as_array().map(Vec::len), Some(2), "{state}");
+    // Secrets that are too short or carry other characters are refused.
+    for bad in ["short", "has spaces in it, and more than 32 chars!"] {
+        let body = json!({ "name": "x", "role": "root", "secret": bad });
+        assert_eq!(
+            call("POST", addr, "/v1/auth/tokens", Some(&root), Some(body))
+                .await
+                .0,
+            400
+        );
+    }
+}

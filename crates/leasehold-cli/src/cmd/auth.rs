@@ -13,9 +13,41 @@ fn when(ms: &Value) -> String {
         .to_string()
 }
 
+/// 32 random bytes in hex: a new token's secret, chosen here so that the
+/// request can be sent again when its answer is lost.
+fn new_secret() -> String {
+    (0..32)
+        .map(|_| format!("{:02x}", rand::random::<u8>()))
+        .collect()
+}
+
+/// Sends a request that makes a token until it gets an answer: when none
+/// comes back (unreachable, or `unavailable`/`outcome_unknown`), the same
+/// request, with the same secret, is sent again, and the server answers a
+/// repeat with the token the first one made.
+async fn until_answered(
+    target: &Target,
+    request: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+) -> anyhow::Result<Value> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match at_leader(target, &request).await {
+            Ok((503, _)) | Err(_) if attempt < 10 => {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            }
+            other => return answer(other?),
+        }
+    }
+}
+
 /// `leasehold auth enable`.
 pub async fn enable(target: &Target) -> anyhow::Result<i32> {
-    let created = answer(at_leader(target, |h, a| h.post(format!("{a}/v1/auth/enable"))).await?)?;
+    let body = json!({ "secret": new_secret() });
+    let created = until_answered(target, |h, a| {
+        h.post(format!("{a}/v1/auth/enable")).json(&body)
+    })
+    .await?;
     let Some(token) = created["token"].as_str() else {
         bail!("the server answered without a token: {created}");
     };
@@ -143,13 +175,11 @@ pub async fn create_token(
     name: Option<&str>,
     json: bool,
 ) -> anyhow::Result<i32> {
-    let body = json!({ "role": role, "name": name.unwrap_or(role) });
-    let created = answer(
-        at_leader(target, |h, a| {
-            h.post(format!("{a}/v1/auth/tokens")).json(&body)
-        })
-        .await?,
-    )?;
+    let body = json!({ "role": role, "name": name.unwrap_or(role), "secret": new_secret() });
+    let created = until_answered(target, |h, a| {
+        h.post(format!("{a}/v1/auth/tokens")).json(&body)
+    })
+    .await?;
     if json {
         println!("{created}");
     } else {

@@ -18,11 +18,11 @@
 //! | `POST /v1/cluster/members`       | add `{id, addr}`: learner, caught up, voter  |
 //! | `DELETE /v1/cluster/members/ID`  | remove a member                              |
 //! | `GET /v1/auth`                   | auth on/off, roles, tokens, audit trail      |
-//! | `POST /v1/auth/enable`           | turn auth on; answers the root token         |
+//! | `POST /v1/auth/enable`           | turn auth on `[{secret}]`; the root token    |
 //! | `POST /v1/auth/disable`          | turn auth off                                |
 //! | `PUT /v1/auth/roles/NAME`        | set a role `{rules: [{prefix, permission}]}` |
 //! | `DELETE /v1/auth/roles/NAME`     | delete a role no token uses                  |
-//! | `POST /v1/auth/tokens`           | create a token `{name, role}`                |
+//! | `POST /v1/auth/tokens`           | create a token `{name, role[, secret]}`      |
 //! | `DELETE /v1/auth/tokens/ID`      | revoke a token                               |
 //!
 //! With auth on, every route but `/health`, `/metrics` and the dashboard's
@@ -479,8 +479,22 @@ async fn auth_state(Caller(s): Caller) -> Result<Json<Value>> {
     Ok(Json(json!(s.auth_state().await?)))
 }
 
-async fn enable_auth(Caller(s): Caller) -> Result<Json<Value>> {
-    Ok(Json(json!(s.enable_auth().await?)))
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct EnableBody {
+    /// The root token's secret, chosen by the caller so a retry is safe.
+    #[serde(default)]
+    secret: Option<String>,
+}
+
+async fn enable_auth(Caller(s): Caller, body: Bytes) -> Result<Json<Value>> {
+    // The body is optional: none, or one JSON object.
+    let b: EnableBody = if body.iter().all(u8::is_ascii_whitespace) {
+        EnableBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid("body", e))?
+    };
+    Ok(Json(json!(s.enable_auth(b.secret).await?)))
 }
 
 async fn disable_auth(Caller(s): Caller) -> Result<Json<Value>> {
@@ -513,10 +527,13 @@ async fn delete_role(Caller(s): Caller, Param(name): Param) -> Result<Json<Value
 struct TokenBody {
     name: String,
     role: String,
+    /// The token's secret, chosen by the caller so a retry is safe.
+    #[serde(default)]
+    secret: Option<String>,
 }
 
 async fn create_token(Caller(s): Caller, Body(b): Body<TokenBody>) -> Result<Json<Value>> {
-    Ok(Json(json!(s.create_token(b.name, b.role).await?)))
+    Ok(Json(json!(s.create_token(b.name, b.role, b.secret).await?)))
 }
 
 async fn revoke_token(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {
