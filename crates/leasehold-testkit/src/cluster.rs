@@ -81,7 +81,7 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts `n` nodes and waits until one leads.
+    /// Starts `n` nodes and waits until one leads and every one answers.
     pub fn start(n: usize) -> Cluster {
         Self::start_with(n, &[])
     }
@@ -115,6 +115,11 @@ impl Cluster {
     fn launch(n: usize, extra: Box<dyn Fn(u64) -> Vec<String>>, isolatable: bool) -> Cluster {
         let cluster = Self::spawn(n, extra, isolatable);
         cluster.wait_leader();
+        // Two nodes elect a leader; a test that talks to each node needs
+        // the third one listening too (on a loaded machine it can be late).
+        wait_until(Duration::from_secs(30), "every node answering", || {
+            cluster.nodes.iter().all(|n| n.health().is_some())
+        });
         cluster
     }
 
