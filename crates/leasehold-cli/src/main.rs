@@ -89,6 +89,14 @@ enum Command {
         /// After an expiry of this hold, keep the key from others this long.
         #[arg(long, default_value = "0s", value_parser = duration)]
         lock_delay: Duration,
+        /// Take one of N permits of a counting semaphore instead: up to N
+        /// commands run at once (every holder must give the same N).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000), conflicts_with = "shared")]
+        permits: Option<u32>,
+        /// Take KEY as one of many readers of a read/write lock; a plain
+        /// `run KEY` is its writer.
+        #[arg(long)]
+        shared: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<String>,

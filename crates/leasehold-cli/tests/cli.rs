@@ -65,6 +65,89 @@ fn of_two_runs_at_once_exactly_one_runs_the_command() {
     assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 1);
 }
 
+/// `run --permits 2`: five runs, at most two commands at once, all of them
+/// run, each with its own token; `status` shows the holders of the permits.
+#[test]
+fn runs_with_permits_let_that_many_commands_run_at_once() {
+    let server = Leaseholdd::start();
+    let dir = tmp();
+    let inside = dir.path().join("inside");
+    std::fs::create_dir(&inside).expect("mkdir");
+    let log = dir.path().join("log");
+    // Each command marks itself inside, counts who is, and leaves.
+    let script = format!(
+        "touch {i}/$$; echo \"$LEASEHOLD_FENCE $(ls {i} | wc -l)\" >> {l}; sleep 0.4; rm {i}/$$",
+        i = inside.display(),
+        l = log.display()
+    );
+    let runs: Vec<_> = (0..5)
+        .map(|_| {
+            leasehold(&server)
+                .args([
+                    "run",
+                    "--permits",
+                    "2",
+                    "--wait",
+                    "30s",
+                    "api",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ])
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        })
+        .collect();
+    // While they run, status shows a semaphore of 2.
+    wait_until(Duration::from_secs(10), "two permits in use", || {
+        String::from_utf8_lossy(&run(&server, &["status", "api"]).stdout).contains("2/2")
+    });
+    for r in runs {
+        let out = r.wait_with_output().expect("wait");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let log = std::fs::read_to_string(&log).expect("log");
+    let rows: Vec<(u64, usize)> = log
+        .lines()
+        .map(|l| {
+            let (fence, count) = l.split_once(' ').expect("two fields");
+            (
+                fence.parse().expect("fence"),
+                count.trim().parse().expect("count"),
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), 5, "{log}");
+    assert!(rows.iter().all(|r| r.1 <= 2), "more than 2 inside: {log}");
+    let mut fences: Vec<u64> = rows.iter().map(|r| r.0).collect();
+    fences.sort_unstable();
+    fences.dedup();
+    assert_eq!(fences.len(), 5, "shared tokens: {log}");
+    // A plain run on the semaphore's key is refused while it is in use.
+    let holder = leasehold(&server)
+        .args(["run", "--permits", "2", "api", "--", "sleep", "2"])
+        .spawn()
+        .expect("spawn");
+    wait_until(Duration::from_secs(5), "one permit in use", || {
+        String::from_utf8_lossy(&run(&server, &["status", "api"]).stdout).contains("1/2")
+    });
+    let plain = run(&server, &["run", "api", "--", "true"]);
+    assert_ne!(plain.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&plain.stderr).contains("semaphore of 2 permits"),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let _ = holder.wait_with_output();
+}
+
 #[test]
 fn with_wait_the_second_runs_after_the_first_with_a_higher_fence() {
     let server = Leaseholdd::start();

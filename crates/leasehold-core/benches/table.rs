@@ -50,6 +50,7 @@ fn acquire(lease: u64, key: String) -> Command {
         wait_ms: 0,
         lock_delay_ms: 0,
         request_id: 0,
+        mode: leasehold_core::Mode::Exclusive,
     }
 }
 

@@ -21,6 +21,63 @@ pub struct Stamp {
     pub epoch: u64,
 }
 
+/// How a hold shares its key with other holds.
+///
+/// A key's holders are one [`Exclusive`](Mode::Exclusive) hold, or any number
+/// of [`Shared`](Mode::Shared) ones (a read/write lock: exclusive is the
+/// writer), or up to `permits` [`Permit`](Mode::Permit) holds (a counting
+/// semaphore). Every hold has its own fencing token. A key is a semaphore or
+/// not while anyone holds or waits for it: asking for it with another number
+/// of permits (or as a lock while it is a semaphore) is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum Mode {
+    /// The only holder: a mutex, or a read/write lock's writer.
+    #[default]
+    Exclusive,
+    /// One of any number of readers, never beside a writer. A waiting writer
+    /// stops new readers, so writers never starve.
+    Shared,
+    /// One of at most `permits` holders of a counting semaphore.
+    Permit {
+        /// How many may hold the key at once (1 ..= [`MAX_PERMITS`](crate::limits::MAX_PERMITS)).
+        permits: u32,
+    },
+}
+
+impl Mode {
+    /// The semaphore size this mode asks for (`None` for a lock).
+    pub fn permits(self) -> Option<u32> {
+        match self {
+            Mode::Permit { permits } => Some(permits),
+            Mode::Exclusive | Mode::Shared => None,
+        }
+    }
+
+    /// A short name: `exclusive`, `shared` or `permit`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+            Mode::Permit { .. } => "permit",
+        }
+    }
+
+    /// Whether a hold in this mode may join `holders` (the key's holders now).
+    pub fn joins(self, holders: impl IntoIterator<Item = Mode>, count: usize) -> bool {
+        let mut holders = holders.into_iter();
+        let Some(first) = holders.next() else {
+            return true;
+        };
+        match (first, self) {
+            (Mode::Shared, Mode::Shared) => true,
+            (Mode::Permit { permits: n }, Mode::Permit { permits: m }) => {
+                n == m && count < n as usize
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A change to the lock table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
@@ -57,6 +114,8 @@ pub enum Command {
         lock_delay_ms: u64,
         /// Client request id for safe retries (0 for none).
         request_id: RequestId,
+        /// How the hold shares the key.
+        mode: Mode,
     },
     /// Creates a lease for one lock and takes (or queues for) the key under
     /// it, in one step: a refusal leaves no lease behind, and a retry with the
@@ -75,6 +134,8 @@ pub enum Command {
         /// Client request id for safe retries (0 for none); like a grant's,
         /// the id alone names the caller.
         request_id: RequestId,
+        /// How the hold shares the key.
+        mode: Mode,
     },
     /// Withdraws a wait whose caller went away. If the wait was granted in the
     /// meantime, the grant is released, since nobody will ever learn of it.

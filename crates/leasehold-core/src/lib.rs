@@ -9,7 +9,7 @@
 //! [`Stamp`], so every replica that applies the same log reaches the same state.
 //!
 //! ```
-//! use leasehold_core::{Command, LockTable, Response, Stamp};
+//! use leasehold_core::{Command, LockTable, Mode, Response, Stamp};
 //!
 //! let mut table = LockTable::new();
 //! let mut events = Vec::new();
@@ -18,7 +18,7 @@
 //! let Ok(Response::LeaseGranted { lease, .. }) =
 //!     table.apply(at(0), Command::Grant { ttl_ms: 1_000, holder: "worker-a".into(), request_id: 0 }, &mut events)
 //! else { panic!() };
-//! let acquire = Command::Acquire { lease, key: "nightly".into(), wait_ms: 0, lock_delay_ms: 0, request_id: 0 };
+//! let acquire = Command::Acquire { lease, key: "nightly".into(), wait_ms: 0, lock_delay_ms: 0, request_id: 0, mode: Mode::Exclusive };
 //! let Ok(Response::Acquired(grant)) = table.apply(at(10), acquire, &mut events) else { panic!() };
 //! assert_eq!(grant.fence, 1);
 //!
@@ -34,7 +34,7 @@ mod error;
 pub mod limits;
 mod table;
 
-pub use command::{Checkpoint, Command, Event, Grant, Response, Stamp, WaitEnd};
+pub use command::{Checkpoint, Command, Event, Grant, Mode, Response, Stamp, WaitEnd};
 pub use error::LockError;
 pub use table::{
     HolderView, LeaseView, LockTable, LockView, Outcome, WaiterView, DEDUPE_CAPACITY,

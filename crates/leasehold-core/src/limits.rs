@@ -16,6 +16,8 @@ pub const MAX_LOCK_DELAY_MS: u64 = 60 * 1000;
 pub const MAX_WAIT_MS: u64 = 60 * 60 * 1000;
 /// Largest checkpoint, in bytes (64 KiB).
 pub const MAX_CHECKPOINT_LEN: usize = 64 * 1024;
+/// Most permits a semaphore may have.
+pub const MAX_PERMITS: u32 = 10_000;
 
 /// Checks a lock key: 1..=512 bytes of UTF-8 with no control characters.
 pub fn validate_key(key: &str) -> Result<(), LockError> {
@@ -23,6 +25,17 @@ pub fn validate_key(key: &str) -> Result<(), LockError> {
         return Err(LockError::invalid("key", "must not be empty"));
     }
     validate_text("key", key, MAX_KEY_LEN)
+}
+
+/// Checks an acquire's mode: a semaphore has 1 ..= [`MAX_PERMITS`] permits.
+pub fn validate_mode(mode: crate::Mode) -> Result<(), LockError> {
+    match mode.permits() {
+        Some(n) if n == 0 || n > MAX_PERMITS => Err(LockError::invalid(
+            "permits",
+            format!("is {n}; a semaphore has 1 ..= {MAX_PERMITS} permits"),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Text of at most `max` bytes with no control characters.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthState, Permission, TokenId};
-use crate::command::{Checkpoint, Command, Event, Grant, Response, Stamp, WaitEnd};
+use crate::command::{Checkpoint, Command, Event, Grant, Mode, Response, Stamp, WaitEnd};
 use crate::limits;
 use crate::{Fence, LeaseId, LockError, RequestId, Time};
 
@@ -55,9 +55,11 @@ enum Asked {
         ttl_ms: u64,
         holder: Arc<str>,
         key: Arc<str>,
+        mode: Mode,
     },
     Acquire {
         key: Arc<str>,
+        mode: Mode,
     },
     Release {
         key: Arc<str>,
@@ -74,11 +76,15 @@ impl std::fmt::Display for Asked {
                 ttl_ms,
                 holder,
                 key,
+                mode,
             } => write!(
                 f,
-                "an acquire of {key:?} on a new {ttl_ms} ms lease for {holder:?}"
+                "an acquire ({}) of {key:?} on a new {ttl_ms} ms lease for {holder:?}",
+                mode.name()
             ),
-            Asked::Acquire { key } => write!(f, "an acquire of {key:?}"),
+            Asked::Acquire { key, mode } => {
+                write!(f, "an acquire ({}) of {key:?}", mode.name())
+            }
             Asked::Release { key } => write!(f, "a release of {key:?}"),
         }
     }
@@ -200,8 +206,10 @@ impl From<Restored> for LockTable {
     fn from(r: Restored) -> Self {
         let mut leases = r.leases;
         for (key, lock) in &r.locks {
-            if let Some(lease) = lock.holder.as_ref().and_then(|h| leases.get_mut(&h.lease)) {
-                lease.held.insert(key.clone());
+            for h in lock.holders() {
+                if let Some(lease) = leases.get_mut(&h.lease) {
+                    lease.held.insert(key.clone());
+                }
             }
             for w in lock.waiters() {
                 if let Some(lease) = leases.get_mut(&w.lease) {
@@ -228,16 +236,22 @@ impl From<Restored> for LockTable {
 }
 
 /// One key's state. Most locks are just held, so what only some have (a
-/// queue, a checkpoint, a lock-delay) lives behind one pointer: a held lock
-/// costs a few dozen bytes, which matters at a million locks.
+/// queue, a checkpoint, a lock-delay, holders beyond the first) lives behind
+/// one pointer: a held lock costs a few dozen bytes, which matters at a
+/// million locks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 struct Lock {
+    /// The first holder; the others (readers, a semaphore's permits) are in
+    /// `extra.more`. `None` means nobody holds the key.
     holder: Option<Holding>,
     extra: Option<Box<LockExtra>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 struct LockExtra {
+    /// Holders after the first, in the order they were granted; empty unless
+    /// `holder` is set.
+    more: Vec<Holding>,
     waiters: VecDeque<Waiter>,
     checkpoint: Option<Checkpoint>,
     /// Set after an expiry with a lock-delay: nobody may take the key before then.
@@ -247,6 +261,71 @@ struct LockExtra {
 static NO_WAITERS: VecDeque<Waiter> = VecDeque::new();
 
 impl Lock {
+    /// Every holder, the first first.
+    fn holders(&self) -> impl Iterator<Item = &Holding> {
+        let more = self.extra.as_ref().map_or(&[][..], |e| &e.more[..]);
+        self.holder.iter().chain(more)
+    }
+
+    fn holder_count(&self) -> usize {
+        self.holders().count()
+    }
+
+    fn holding_of(&self, lease: LeaseId) -> Option<&Holding> {
+        self.holders().find(|h| h.lease == lease)
+    }
+
+    fn holding_mut(&mut self, lease: LeaseId) -> Option<&mut Holding> {
+        if self.holder.as_ref().is_some_and(|h| h.lease == lease) {
+            return self.holder.as_mut();
+        }
+        self.extra
+            .as_mut()
+            .and_then(|e| e.more.iter_mut().find(|h| h.lease == lease))
+    }
+
+    /// Whether a hold in `mode` may join the holders now (queue and
+    /// lock-delay aside).
+    fn admits(&self, mode: Mode) -> bool {
+        mode.joins(self.holders().map(|h| h.mode), self.holder_count())
+    }
+
+    /// Adds a holder after the others.
+    fn add_holding(&mut self, holding: Holding) {
+        if self.holder.is_none() {
+            self.holder = Some(holding);
+        } else {
+            self.extra_mut().more.push(holding);
+        }
+    }
+
+    /// Takes `lease`'s hold out; the next holder in grant order becomes the first.
+    fn take_holding(&mut self, lease: LeaseId) -> Option<Holding> {
+        if self.holder.as_ref().is_some_and(|h| h.lease == lease) {
+            let taken = self.holder.take();
+            if let Some(extra) = self.extra.as_mut().filter(|e| !e.more.is_empty()) {
+                self.holder = Some(extra.more.remove(0));
+            }
+            self.shrink();
+            return taken;
+        }
+        let extra = self.extra.as_mut()?;
+        let at = extra.more.iter().position(|h| h.lease == lease)?;
+        let taken = extra.more.remove(at);
+        self.shrink();
+        Some(taken)
+    }
+
+    /// The semaphore size of whoever holds or waits for the key, if they
+    /// disagree with `mode` (a semaphore asked for as a lock, or with
+    /// another number of permits).
+    fn conflict(&self, mode: Mode) -> Option<Mode> {
+        self.holders()
+            .map(|h| h.mode)
+            .chain(self.waiters().iter().map(|w| w.mode))
+            .find(|m| m.permits() != mode.permits())
+    }
+
     fn is_empty(&self) -> bool {
         self.holder.is_none() && self.extra.is_none()
     }
@@ -270,7 +349,10 @@ impl Lock {
     /// Drops the extra part once it holds nothing.
     fn shrink(&mut self) {
         if self.extra.as_ref().is_some_and(|e| {
-            e.waiters.is_empty() && e.checkpoint.is_none() && e.delayed_until.is_none()
+            e.more.is_empty()
+                && e.waiters.is_empty()
+                && e.checkpoint.is_none()
+                && e.delayed_until.is_none()
         }) {
             self.extra = None;
         }
@@ -281,6 +363,7 @@ impl Lock {
 struct Holding {
     lease: LeaseId,
     fence: Fence,
+    mode: Mode,
     lock_delay_ms: u64,
     /// Set when the grant came from the queue, with the wait's request id, so a
     /// cancelled wait can take back a grant its caller never saw.
@@ -293,6 +376,7 @@ struct Holding {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Waiter {
     lease: LeaseId,
+    mode: Mode,
     deadline: Time,
     lock_delay_ms: u64,
     request_id: RequestId,
@@ -301,13 +385,27 @@ struct Waiter {
     attach_by: Option<Time>,
 }
 
+/// What an acquire asks for, beside its lease and key.
+#[derive(Debug, Clone, Copy)]
+struct Ask {
+    wait_ms: u64,
+    lock_delay_ms: u64,
+    request_id: RequestId,
+    mode: Mode,
+}
+
 /// A lock as seen by `describe` and `list`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LockView {
     /// The key.
     pub key: String,
-    /// The current holder, if any.
+    /// The current holder, if any (the first of them, for a key with several).
     pub holder: Option<HolderView>,
+    /// Every holder, in the order they were granted: one for a lock or a
+    /// writer, any number of readers, up to `permits` for a semaphore.
+    pub holders: Vec<HolderView>,
+    /// A semaphore's size (0 for a lock).
+    pub permits: u32,
     /// The queue, first in line first.
     pub waiters: Vec<WaiterView>,
     /// Whether a checkpoint is stored.
@@ -327,6 +425,8 @@ pub struct HolderView {
     pub fence: Fence,
     /// Milliseconds until its lease expires unless renewed.
     pub ttl_left_ms: u64,
+    /// How it holds: `exclusive`, `shared` or `permit`.
+    pub mode: &'static str,
 }
 
 /// Someone in a lock's queue.
@@ -338,6 +438,8 @@ pub struct WaiterView {
     pub holder: String,
     /// Milliseconds of waiting left.
     pub wait_left_ms: u64,
+    /// What it waits for: `exclusive`, `shared` or `permit`.
+    pub mode: &'static str,
 }
 
 /// A lease as seen by `describe` and `list`.
@@ -467,7 +569,15 @@ impl LockTable {
                 wait_ms,
                 lock_delay_ms,
                 request_id,
-            } => self.acquire_once(lease, &key, wait_ms, lock_delay_ms, request_id, events),
+                mode,
+            } => self.acquire_once(
+                lease,
+                &key,
+                (wait_ms, lock_delay_ms),
+                request_id,
+                mode,
+                events,
+            ),
             Command::GrantAndAcquire {
                 ttl_ms,
                 holder,
@@ -475,12 +585,14 @@ impl LockTable {
                 wait_ms,
                 lock_delay_ms,
                 request_id,
+                mode,
             } => self.grant_and_acquire(
                 ttl_ms,
                 holder,
                 &key,
                 (wait_ms, lock_delay_ms),
                 request_id,
+                mode,
                 token,
                 events,
             ),
@@ -596,6 +708,10 @@ impl LockTable {
                 self.attach_deadlines.insert((until, key.clone(), h.lease));
             }
             if let Some(extra) = lock.extra.as_mut() {
+                for h in extra.more.iter_mut().filter(|h| h.attach_by.is_some()) {
+                    h.attach_by = Some(until);
+                    self.attach_deadlines.insert((until, key.clone(), h.lease));
+                }
                 for w in extra.waiters.iter_mut() {
                     w.attach_by = Some(until);
                     self.attach_deadlines.insert((until, key.clone(), w.lease));
@@ -623,7 +739,8 @@ impl LockTable {
                 lease,
                 reason: WaitEnd::TimedOut,
             });
-            self.drop_if_empty(&key);
+            // Those behind it may be admitted now (readers behind a writer).
+            self.advance_queue(&key, events);
         }
         while let Some((deadline, key)) = self.delay_deadlines.first().cloned() {
             if deadline > now {
@@ -663,11 +780,7 @@ impl LockTable {
                 .retain(|(_, k, l)| !(k == key && *l == lease));
             return;
         };
-        if let Some(h) = lock
-            .holder
-            .as_ref()
-            .filter(|h| h.lease == lease && h.attach_by.is_some())
-        {
+        if let Some(h) = lock.holding_of(lease).filter(|h| h.attach_by.is_some()) {
             let (fence, request_id) = (h.fence, h.from_wait.unwrap_or(0));
             // Clears the deadline entry with the holding.
             let _ = self.release(key, fence, events);
@@ -678,7 +791,7 @@ impl LockTable {
                 lease,
                 reason: WaitEnd::Abandoned,
             });
-            self.drop_if_empty(key);
+            self.advance_queue(key, events);
         } else {
             self.attach_deadlines
                 .retain(|(_, k, l)| !(k == key && *l == lease));
@@ -739,6 +852,7 @@ impl LockTable {
         key: &str,
         (wait_ms, lock_delay_ms): (u64, u64),
         request_id: RequestId,
+        mode: Mode,
         owner: Option<TokenId>,
         events: &mut Vec<Event>,
     ) -> Outcome {
@@ -746,11 +860,13 @@ impl LockTable {
         limits::validate_holder(&holder)?;
         limits::validate_key(key)?;
         limits::validate_wait(wait_ms, lock_delay_ms)?;
+        limits::validate_mode(mode)?;
         let holder: Arc<str> = holder.into();
         let asked = Asked::GrantAndAcquire {
             ttl_ms,
             holder: holder.clone(),
             key: key.into(),
+            mode,
         };
         let caller = owner.map_or(Caller::Granting, Caller::GrantingAs);
         if let Some(first) = self.recall(caller, request_id, &asked)? {
@@ -761,11 +877,19 @@ impl LockTable {
                 Response::Queued { lease, .. } => lease,
                 other => return Ok(other),
             };
-            return self.acquire_once(lease, key, wait_ms, lock_delay_ms, request_id, events);
+            return self.acquire_once(
+                lease,
+                key,
+                (wait_ms, lock_delay_ms),
+                request_id,
+                mode,
+                events,
+            );
         }
         // Refuse before granting, so a refusal leaves no lease behind.
-        if let Some(lock) = self.locks.get(key).filter(|l| !Self::free(l)) {
-            if wait_ms == 0 {
+        if let Some(lock) = self.locks.get(key) {
+            self.check_kind(key, lock, mode)?;
+            if wait_ms == 0 && !Self::free(lock, mode) {
                 return Err(self.busy_error(key, lock));
             }
         }
@@ -773,7 +897,14 @@ impl LockTable {
         else {
             return Err(LockError::invalid("lease", "not granted"));
         };
-        let response = self.acquire_once(lease, key, wait_ms, lock_delay_ms, request_id, events)?;
+        let response = self.acquire_once(
+            lease,
+            key,
+            (wait_ms, lock_delay_ms),
+            request_id,
+            mode,
+            events,
+        )?;
         self.remember(caller, request_id, asked, response.clone());
         Ok(response)
     }
@@ -832,7 +963,7 @@ impl LockTable {
             let Some(lock) = self.locks.get_mut(key) else {
                 continue;
             };
-            let Some(holding) = lock.holder.take() else {
+            let Some(holding) = lock.take_holding(id) else {
                 continue;
             };
             if let Some(t) = holding.attach_by {
@@ -861,10 +992,7 @@ impl LockTable {
             }
             released.push(key.to_string());
         }
-        for key in &lease.waiting {
-            self.drop_if_empty(key);
-        }
-        for key in &lease.held {
+        for key in lease.waiting.iter().chain(&lease.held) {
             self.advance_queue(key, events);
         }
         released
@@ -872,34 +1000,66 @@ impl LockTable {
 
     // ---- locks ----
 
-    /// A key nobody holds, waits for, or keeps in lock-delay.
-    fn free(lock: &Lock) -> bool {
-        lock.holder.is_none() && lock.delayed_until().is_none() && lock.waiters().is_empty()
+    /// Whether a newcomer in `mode` may take the key now: nobody waits for
+    /// it, it is not in lock-delay, and its holders admit the mode (none for
+    /// an exclusive hold, only readers for a reader, fewer than its permits
+    /// for a semaphore).
+    fn free(lock: &Lock, mode: Mode) -> bool {
+        lock.delayed_until().is_none() && lock.waiters().is_empty() && lock.admits(mode)
+    }
+
+    /// Refuses `mode` on a key held or waited for as another kind.
+    fn check_kind(&self, key: &str, lock: &Lock, mode: Mode) -> Result<(), LockError> {
+        let Some(is) = lock.conflict(mode) else {
+            return Ok(());
+        };
+        let kind = |m: Mode| match m.permits() {
+            Some(n) => format!("a semaphore of {n} permits"),
+            None => "a lock".to_string(),
+        };
+        Err(LockError::invalid(
+            "permits",
+            format!(
+                "{key:?} is {} while anyone holds or waits for it; asked for it as {}",
+                kind(is),
+                kind(mode)
+            ),
+        ))
     }
 
     fn acquire_once(
         &mut self,
         lease_id: LeaseId,
         key: &str,
-        wait_ms: u64,
-        lock_delay_ms: u64,
+        (wait_ms, lock_delay_ms): (u64, u64),
         request_id: RequestId,
+        mode: Mode,
         events: &mut Vec<Event>,
     ) -> Outcome {
         limits::validate_key(key)?;
         limits::validate_wait(wait_ms, lock_delay_ms)?;
+        limits::validate_mode(mode)?;
         // A retry after the lease ended is told so, not handed a dead grant.
         self.live_lease(lease_id)?;
+        let ask = Ask {
+            wait_ms,
+            lock_delay_ms,
+            request_id,
+            mode,
+        };
         if request_id == 0 {
-            return self.acquire(lease_id, key, wait_ms, lock_delay_ms, 0, events);
+            return self.acquire(lease_id, key, ask, events);
         }
         let caller = Caller::Lease(lease_id);
-        let asked = Asked::Acquire { key: key.into() };
+        let asked = Asked::Acquire {
+            key: key.into(),
+            mode,
+        };
         if let Some(first) = self.recall(caller, request_id, &asked)? {
             self.reattach(key, lease_id);
             return Ok(first);
         }
-        let response = self.acquire(lease_id, key, wait_ms, lock_delay_ms, request_id, events)?;
+        let response = self.acquire(lease_id, key, ask, events)?;
         // A queued answer is not final: the grant is remembered when it comes.
         if let Response::Acquired(_) = &response {
             self.remember(caller, request_id, asked, response.clone());
@@ -917,7 +1077,7 @@ impl LockTable {
             return;
         };
         let mut cleared = None;
-        if let Some(h) = lock.holder.as_mut().filter(|h| h.lease == lease_id) {
+        if let Some(h) = lock.holding_mut(lease_id) {
             cleared = h.attach_by.take();
         }
         if let Some(extra) = lock.extra.as_mut() {
@@ -934,17 +1094,30 @@ impl LockTable {
         &mut self,
         lease_id: LeaseId,
         key: &str,
-        wait_ms: u64,
-        lock_delay_ms: u64,
-        request_id: RequestId,
+        ask: Ask,
         events: &mut Vec<Event>,
     ) -> Outcome {
         // Validated by `acquire_once`, its only caller.
         let lease = self.live_lease(lease_id)?;
+        let lock = self.locks.get(key);
+        if let Some(lock) = lock {
+            self.check_kind(key, lock, ask.mode)?;
+        }
         if lease.held.contains(key) {
-            // Acquiring what you already hold is answered with the hold you have.
-            let lock = self.locks.get(key);
-            let holding = lock.and_then(|l| l.holder.as_ref());
+            // Acquiring what you already hold is answered with the hold you
+            // have; asking for it in another mode (a reader asking to write)
+            // would wait for itself.
+            let holding = lock.and_then(|l| l.holding_of(lease_id));
+            if let Some(h) = holding.filter(|h| h.mode != ask.mode) {
+                return Err(LockError::invalid(
+                    "mode",
+                    format!(
+                        "lease {lease_id} already holds {key:?} as {}; release it before asking for it as {}",
+                        h.mode.name(),
+                        ask.mode.name()
+                    ),
+                ));
+            }
             let fence = holding.map_or(0, |h| h.fence);
             let checkpoint = lock.and_then(|l| l.checkpoint().cloned());
             self.reattach(key, lease_id);
@@ -955,11 +1128,22 @@ impl LockTable {
             }));
         }
         if lease.waiting.contains(key) {
-            let position = self
-                .locks
-                .get(key)
-                .and_then(|l| l.waiters().iter().position(|w| w.lease == lease_id))
-                .unwrap_or(0);
+            let waiting = lock.and_then(|l| {
+                l.waiters()
+                    .iter()
+                    .enumerate()
+                    .find(|(_, w)| w.lease == lease_id)
+            });
+            if let Some((_, w)) = waiting.filter(|(_, w)| w.mode != ask.mode) {
+                return Err(LockError::invalid(
+                    "mode",
+                    format!(
+                        "lease {lease_id} already waits for {key:?} as {}",
+                        w.mode.name()
+                    ),
+                ));
+            }
+            let position = waiting.map_or(0, |(at, _)| at);
             // Asking again for a wait is coming back for it.
             self.reattach(key, lease_id);
             return Ok(Response::Queued {
@@ -968,14 +1152,14 @@ impl LockTable {
             });
         }
         let now = self.now;
-        match self.locks.get(key) {
+        match lock {
             None => {}
-            Some(lock) if Self::free(lock) => {}
+            Some(lock) if Self::free(lock, ask.mode) => {}
             Some(lock) => {
-                if wait_ms == 0 {
+                if ask.wait_ms == 0 {
                     return Err(self.busy_error(key, lock));
                 }
-                let deadline = now.saturating_add(wait_ms);
+                let deadline = now.saturating_add(ask.wait_ms);
                 let (key, position) = match self.locks.get_key_value(key) {
                     Some((k, l)) => (k.clone(), l.waiters().len()),
                     None => return Err(LockError::invalid("key", "vanished")),
@@ -983,9 +1167,10 @@ impl LockTable {
                 if let Some(lock) = self.locks.get_mut(&key) {
                     lock.extra_mut().waiters.push_back(Waiter {
                         lease: lease_id,
+                        mode: ask.mode,
                         deadline,
-                        lock_delay_ms,
-                        request_id,
+                        lock_delay_ms: ask.lock_delay_ms,
+                        request_id: ask.request_id,
                         attach_by: None,
                     });
                 }
@@ -1004,7 +1189,15 @@ impl LockTable {
             Some((k, _)) => k.clone(),
             None => Arc::from(key),
         };
-        let grant = self.grant_lock(&key, lease_id, lock_delay_ms, None, None, events);
+        let holding = Holding {
+            lease: lease_id,
+            fence: 0,
+            mode: ask.mode,
+            lock_delay_ms: ask.lock_delay_ms,
+            from_wait: None,
+            attach_by: None,
+        };
+        let grant = self.grant_lock(&key, holding, events);
         Ok(Response::Acquired(grant))
     }
 
@@ -1028,26 +1221,20 @@ impl LockTable {
         }
     }
 
-    /// Gives a free key to a lease with a fresh token.
+    /// Adds `holding` (its fence not yet set) to a key that admits it, with
+    /// a fresh token.
     fn grant_lock(
         &mut self,
         key: &Arc<str>,
-        lease_id: LeaseId,
-        lock_delay_ms: u64,
-        from_wait: Option<RequestId>,
-        attach_by: Option<Time>,
+        mut holding: Holding,
         events: &mut Vec<Event>,
     ) -> Grant {
         let fence = self.next_fence;
         self.next_fence += 1;
+        holding.fence = fence;
+        let lease_id = holding.lease;
         let lock = self.locks.entry(key.clone()).or_default();
-        lock.holder = Some(Holding {
-            lease: lease_id,
-            fence,
-            lock_delay_ms,
-            from_wait,
-            attach_by,
-        });
+        lock.add_holding(holding);
         let checkpoint = lock.checkpoint().cloned();
         let holder = match self.leases.get_mut(&lease_id) {
             Some(lease) => {
@@ -1070,19 +1257,30 @@ impl LockTable {
         }
     }
 
-    /// Hands a free key to the first in its queue, in the same step that freed it.
+    /// Hands a key to those first in its queue that its holders admit, in
+    /// the same step that freed it: one writer, or every reader up to the
+    /// next writer, or waiters up to a semaphore's permits.
     fn advance_queue(&mut self, key: &Arc<str>, events: &mut Vec<Event>) {
-        let Some(lock) = self.locks.get_mut(key) else {
-            return;
-        };
-        if lock.holder.is_some() || lock.delayed_until().is_some() {
-            return;
-        }
-        // Every queued waiter is live: waits leave the queue when they time out
-        // or their lease ends.
-        let next = lock.extra.as_mut().and_then(|e| e.waiters.pop_front());
-        lock.shrink();
-        if let Some(waiter) = next {
+        loop {
+            let Some(lock) = self.locks.get_mut(key) else {
+                return;
+            };
+            if lock.delayed_until().is_some() {
+                return;
+            }
+            // Every queued waiter is live: waits leave the queue when they
+            // time out or their lease ends.
+            let admitted = lock.waiters().front().is_some_and(|w| lock.admits(w.mode));
+            let next = if admitted {
+                lock.extra.as_mut().and_then(|e| e.waiters.pop_front())
+            } else {
+                None
+            };
+            lock.shrink();
+            let Some(waiter) = next else {
+                self.drop_if_empty(key);
+                return;
+            };
             self.wait_deadlines
                 .remove(&(waiter.deadline, key.clone(), waiter.lease));
             if let Some(lease) = self.leases.get_mut(&waiter.lease) {
@@ -1090,22 +1288,24 @@ impl LockTable {
             }
             // A waiter nobody has come back for since a new leadership keeps
             // its attach deadline (and its entry) on the grant.
-            let grant = self.grant_lock(
-                key,
-                waiter.lease,
-                waiter.lock_delay_ms,
-                Some(waiter.request_id),
-                waiter.attach_by,
-                events,
-            );
+            let holding = Holding {
+                lease: waiter.lease,
+                fence: 0,
+                mode: waiter.mode,
+                lock_delay_ms: waiter.lock_delay_ms,
+                from_wait: Some(waiter.request_id),
+                attach_by: waiter.attach_by,
+            };
+            let grant = self.grant_lock(key, holding, events);
             self.remember(
                 Caller::Lease(waiter.lease),
                 waiter.request_id,
-                Asked::Acquire { key: key.clone() },
+                Asked::Acquire {
+                    key: key.clone(),
+                    mode: waiter.mode,
+                },
                 Response::Acquired(grant),
             );
-        } else {
-            self.drop_if_empty(key);
         }
     }
 
@@ -1145,11 +1345,10 @@ impl LockTable {
         };
         let key = key.clone();
         let granted_to_this_wait = lock
-            .holder
-            .as_ref()
-            .is_some_and(|h| h.lease == lease_id && h.from_wait == Some(request_id));
-        if granted_to_this_wait {
-            let fence = lock.holder.as_ref().map_or(0, |h| h.fence);
+            .holding_of(lease_id)
+            .filter(|h| h.from_wait == Some(request_id))
+            .map(|h| h.fence);
+        if let Some(fence) = granted_to_this_wait {
             self.release(&key, fence, events)?;
             // A retry of this wait must not be answered with the grant taken back.
             self.forget(Caller::Lease(lease_id), request_id);
@@ -1159,7 +1358,7 @@ impl LockTable {
                 lease: lease_id,
                 reason: WaitEnd::Cancelled,
             });
-            self.drop_if_empty(&key);
+            self.advance_queue(&key, events);
         }
         Ok(Response::WaitCancelled)
     }
@@ -1170,19 +1369,17 @@ impl LockTable {
         fence: Fence,
     ) -> Result<(&'a Arc<str>, &'a Holding), LockError> {
         limits::validate_key(key)?;
-        match self.locks.get_key_value(key) {
-            Some((
-                k,
-                Lock {
-                    holder: Some(h), ..
-                },
-            )) if h.fence == fence => Ok((k, h)),
-            other => Err(LockError::StaleFence {
-                key: key.to_string(),
-                presented: fence,
-                current: other.and_then(|(_, l)| l.holder.as_ref()).map(|h| h.fence),
-            }),
+        let found = self.locks.get_key_value(key);
+        if let Some((k, h)) =
+            found.and_then(|(k, l)| Some((k, l.holders().find(|h| h.fence == fence)?)))
+        {
+            return Ok((k, h));
         }
+        Err(LockError::StaleFence {
+            key: key.to_string(),
+            presented: fence,
+            current: found.and_then(|(_, l)| l.holder.as_ref()).map(|h| h.fence),
+        })
     }
 
     fn release(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
@@ -1199,7 +1396,7 @@ impl LockTable {
             None => Arc::from(""),
         };
         if let Some(lock) = self.locks.get_mut(&key) {
-            lock.holder = None;
+            lock.take_holding(lease_id);
         }
         events.push(Event::Released {
             key: key.clone(),
@@ -1385,17 +1582,27 @@ impl LockTable {
                 .get(&lease)
                 .map_or_else(String::new, |l| l.holder.to_string())
         };
+        let view = |h: &Holding| HolderView {
+            lease: h.lease,
+            holder: name(h.lease),
+            fence: h.fence,
+            ttl_left_ms: self
+                .leases
+                .get(&h.lease)
+                .map_or(0, |l| l.deadline.saturating_sub(now)),
+            mode: h.mode.name(),
+        };
+        let permits = lock
+            .holders()
+            .map(|h| h.mode)
+            .chain(lock.waiters().iter().map(|w| w.mode))
+            .find_map(Mode::permits)
+            .unwrap_or(0);
         LockView {
             key: key.to_string(),
-            holder: lock.holder.as_ref().map(|h| HolderView {
-                lease: h.lease,
-                holder: name(h.lease),
-                fence: h.fence,
-                ttl_left_ms: self
-                    .leases
-                    .get(&h.lease)
-                    .map_or(0, |l| l.deadline.saturating_sub(now)),
-            }),
+            holder: lock.holder.as_ref().map(view),
+            holders: lock.holders().map(view).collect(),
+            permits,
             waiters: lock
                 .waiters()
                 .iter()
@@ -1403,6 +1610,7 @@ impl LockTable {
                     lease: w.lease,
                     holder: name(w.lease),
                     wait_left_ms: w.deadline.saturating_sub(now),
+                    mode: w.mode.name(),
                 })
                 .collect(),
             has_checkpoint: lock.checkpoint().is_some(),
@@ -1416,7 +1624,11 @@ impl LockTable {
             if lock.is_empty() {
                 return Err(format!("empty lock entry {key:?} kept"));
             }
-            if let Some(h) = &lock.holder {
+            if lock.holder.is_none() && lock.holder_count() > 0 {
+                return Err(format!("{key:?} has holders but no first holder"));
+            }
+            let mut leases_here = BTreeSet::new();
+            for h in lock.holders() {
                 let lease = self
                     .leases
                     .get(&h.lease)
@@ -1424,16 +1636,37 @@ impl LockTable {
                 if !lease.held.contains(key) {
                     return Err(format!("lease {} does not know it holds {key:?}", h.lease));
                 }
+                if !leases_here.insert(h.lease) {
+                    return Err(format!("lease {} holds {key:?} twice", h.lease));
+                }
                 if h.fence >= self.next_fence {
                     return Err(format!(
                         "{key:?} has fence {} >= next {}",
                         h.fence, self.next_fence
                     ));
                 }
-            } else if !lock.waiters().is_empty() && lock.delayed_until().is_none() {
-                return Err(format!("{key:?} is free with a queue"));
+            }
+            let modes: Vec<Mode> = lock.holders().map(|h| h.mode).collect();
+            let fits = match modes.first() {
+                None => true,
+                Some(Mode::Exclusive) => modes.len() == 1,
+                Some(Mode::Shared) => modes.iter().all(|m| *m == Mode::Shared),
+                Some(first @ Mode::Permit { permits }) => {
+                    modes.iter().all(|m| m == first) && modes.len() <= *permits as usize
+                }
+            };
+            if !fits {
+                return Err(format!(
+                    "{key:?} has holders that exclude each other: {modes:?}"
+                ));
+            }
+            if let Some(w) = lock.waiters().front() {
+                if lock.admits(w.mode) && lock.delayed_until().is_none() {
+                    return Err(format!("{key:?} keeps a waiter its holders admit"));
+                }
             }
             if lock.extra.is_some()
+                && lock.holder_count() < 2
                 && lock.waiters().is_empty()
                 && lock.checkpoint().is_none()
                 && lock.delayed_until().is_none()
@@ -1473,8 +1706,7 @@ impl LockTable {
                 let holds = self
                     .locks
                     .get(key)
-                    .and_then(|l| l.holder.as_ref())
-                    .is_some_and(|h| h.lease == *id);
+                    .is_some_and(|l| l.holding_of(*id).is_some());
                 if !holds {
                     return Err(format!("lease {id} thinks it holds {key:?}"));
                 }
@@ -1482,10 +1714,7 @@ impl LockTable {
         }
         let mut detached = 0;
         for (key, lock) in &self.locks {
-            let holder = lock
-                .holder
-                .iter()
-                .filter_map(|h| Some((h.attach_by?, h.lease)));
+            let holder = lock.holders().filter_map(|h| Some((h.attach_by?, h.lease)));
             let waiters = lock
                 .waiters()
                 .iter()

@@ -283,6 +283,7 @@ impl Checker {
                 wait_ms,
                 lock_delay_ms: 0,
                 request_id,
+                mode: leasehold_core::Mode::Exclusive,
             },
             Op::KeepAlive(l) => Command::KeepAlive {
                 lease: self.lease(l),
@@ -302,6 +303,7 @@ impl Checker {
                 wait_ms,
                 lock_delay_ms,
                 request_id,
+                mode: leasehold_core::Mode::Exclusive,
             },
             Op::CancelWait {
                 lease,

@@ -1,6 +1,6 @@
 //! Named scenarios from the design, one behaviour each.
 
-use leasehold_core::{Command, Event, LockError, LockTable, Response, Stamp, WaitEnd};
+use leasehold_core::{Command, Event, LockError, LockTable, Mode, Response, Stamp, WaitEnd};
 
 struct T {
     table: LockTable,
@@ -52,6 +52,23 @@ impl T {
             wait_ms,
             lock_delay_ms: 0,
             request_id: 0,
+            mode: leasehold_core::Mode::Exclusive,
+        })
+    }
+    fn acquire_as(
+        &mut self,
+        lease: u64,
+        key: &str,
+        mode: Mode,
+        wait_ms: u64,
+    ) -> Result<Response, LockError> {
+        self.run(Command::Acquire {
+            lease,
+            key: key.into(),
+            wait_ms,
+            lock_delay_ms: 0,
+            request_id: 0,
+            mode,
         })
     }
     fn fence(&mut self, lease: u64, key: &str) -> u64 {
@@ -227,6 +244,7 @@ fn lock_delay_applies_after_expiry_but_not_after_release() {
         wait_ms: 0,
         lock_delay_ms: 500,
         request_id: 0,
+        mode: leasehold_core::Mode::Exclusive,
     })
     .unwrap();
     t.at(100).run(Command::Tick).unwrap();
@@ -277,6 +295,7 @@ fn a_retried_request_id_never_acts_twice() {
         wait_ms: 0,
         lock_delay_ms: 0,
         request_id: 7,
+        mode: leasehold_core::Mode::Exclusive,
     };
     let first = t.run(acquire.clone()).unwrap();
     let Response::Acquired(g) = &first else {
@@ -315,6 +334,7 @@ fn a_cancelled_wait_takes_back_a_grant_its_caller_never_saw() {
         wait_ms: 5_000,
         lock_delay_ms: 0,
         request_id: 3,
+        mode: leasehold_core::Mode::Exclusive,
     })
     .unwrap();
     t.run(Command::Release {
@@ -364,6 +384,7 @@ fn a_restored_table_serializes_to_the_same_bytes() {
             wait_ms: 0,
             lock_delay_ms: 0,
             request_id,
+            mode: leasehold_core::Mode::Exclusive,
         });
         assert!(matches!(out, Ok(Response::Acquired(_))), "{out:?}");
     };
@@ -395,6 +416,7 @@ fn request_ids_are_scoped_to_their_caller() {
         wait_ms: 0,
         lock_delay_ms: 0,
         request_id: 7,
+        mode: leasehold_core::Mode::Exclusive,
     };
     let Ok(Response::Acquired(x)) = t.run(acquire(a, "x")) else {
         panic!("a takes x")
@@ -468,6 +490,7 @@ fn grants_and_grant_and_acquire_answer_a_retry_with_the_same_lease() {
         wait_ms,
         lock_delay_ms: 0,
         request_id: 9,
+        mode: leasehold_core::Mode::Exclusive,
     };
     let Ok(Response::Acquired(r)) = t.run(take("r", 0)) else {
         panic!()
@@ -494,6 +517,7 @@ fn grants_and_grant_and_acquire_answer_a_retry_with_the_same_lease() {
         wait_ms: 0,
         lock_delay_ms: 0,
         request_id: 10,
+        mode: leasehold_core::Mode::Exclusive,
     });
     assert!(
         matches!(refused, Err(LockError::Held { .. })),
@@ -509,6 +533,7 @@ fn grants_and_grant_and_acquire_answer_a_retry_with_the_same_lease() {
         wait_ms: 5_000,
         lock_delay_ms: 0,
         request_id: 11,
+        mode: leasehold_core::Mode::Exclusive,
     };
     let Ok(Response::Queued { lease: w, .. }) = t.run(wait.clone()) else {
         panic!()
@@ -545,6 +570,7 @@ fn waiters_nobody_comes_back_for_after_a_new_leadership_are_withdrawn() {
         wait_ms: 60_000,
         lock_delay_ms: 0,
         request_id,
+        mode: leasehold_core::Mode::Exclusive,
     };
     t.run(wait(ghost, 1)).unwrap();
     t.run(wait(live, 2)).unwrap();
@@ -610,6 +636,7 @@ fn lease_lists_cap_the_keys_they_show() {
             wait_ms: 0,
             lock_delay_ms: 0,
             request_id: 0,
+            mode: leasehold_core::Mode::Exclusive,
         });
         assert!(
             matches!(acquired, Ok(Response::Acquired(_))),
@@ -623,4 +650,131 @@ fn lease_lists_cap_the_keys_they_show() {
     assert_eq!(listed[0].keys[0], "k00");
     let one = t.table.lease(a, t.now).expect("live");
     assert_eq!((one.keys.len(), one.key_count), (25, 25));
+}
+
+fn fence_of(r: Result<Response, LockError>) -> u64 {
+    match r {
+        Ok(Response::Acquired(g)) => g.fence,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+#[test]
+fn a_semaphore_admits_its_permits_and_queues_the_rest_in_order() {
+    let mut t = T::new();
+    let sem = Mode::Permit { permits: 2 };
+    let [a, b, c, d] = ["a", "b", "c", "d"].map(|h| t.lease(10_000, h));
+    let fa = fence_of(t.acquire_as(a, "api", sem, 0));
+    let fb = fence_of(t.acquire_as(b, "api", sem, 0));
+    assert!(fb > fa, "each permit has its own token");
+    assert!(matches!(
+        t.acquire_as(c, "api", sem, 0),
+        Err(LockError::Held { .. })
+    ));
+    assert!(matches!(
+        t.acquire_as(c, "api", sem, 5_000),
+        Ok(Response::Queued { position: 0, .. })
+    ));
+    assert!(matches!(
+        t.acquire_as(d, "api", sem, 5_000),
+        Ok(Response::Queued { position: 1, .. })
+    ));
+    // Another size, or a plain lock, is refused while the semaphore is in use.
+    let e = t
+        .acquire_as(d, "api", Mode::Permit { permits: 3 }, 0)
+        .unwrap_err();
+    assert!(e.to_string().contains("semaphore of 2 permits"), "{e}");
+    assert!(t.acquire_as(d, "api", Mode::Exclusive, 0).is_err());
+    t.run(Command::Release {
+        key: "api".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .expect("release");
+    let view = t.table.lock("api", 0).expect("held");
+    let holders: Vec<u64> = view.holders.iter().map(|h| h.lease).collect();
+    assert_eq!(
+        holders,
+        vec![b, c],
+        "the first waiter took the freed permit"
+    );
+    assert_eq!(view.permits, 2);
+    // Once nobody holds or waits, the key may be anything again.
+    t.run(Command::Revoke { lease: b }).expect("revoke");
+    t.run(Command::Revoke { lease: c }).expect("revoke");
+    t.run(Command::Revoke { lease: d }).expect("revoke");
+    assert!(t.table.lock("api", 0).is_none());
+    fence_of(t.acquire_as(a, "api", Mode::Permit { permits: 5 }, 0));
+}
+
+#[test]
+fn readers_share_and_a_waiting_writer_stops_new_readers() {
+    let mut t = T::new();
+    let [r1, r2, w, r3] = ["r1", "r2", "w", "r3"].map(|h| t.lease(10_000, h));
+    let f1 = fence_of(t.acquire_as(r1, "doc", Mode::Shared, 0));
+    let f2 = fence_of(t.acquire_as(r2, "doc", Mode::Shared, 0));
+    assert!(matches!(
+        t.acquire_as(w, "doc", Mode::Exclusive, 5_000),
+        Ok(Response::Queued { .. })
+    ));
+    // The writer waits, so a new reader queues behind it instead of joining.
+    assert!(matches!(
+        t.acquire_as(r3, "doc", Mode::Shared, 20_000),
+        Ok(Response::Queued { position: 1, .. })
+    ));
+    // A reader cannot turn itself into a writer: it would wait for itself.
+    assert!(t.acquire_as(r1, "doc", Mode::Exclusive, 0).is_err());
+    t.run(Command::Release {
+        key: "doc".into(),
+        fence: f1,
+        request_id: 0,
+    })
+    .expect("release");
+    assert_eq!(t.table.lock("doc", 0).expect("held").holders.len(), 1);
+    t.run(Command::Release {
+        key: "doc".into(),
+        fence: f2,
+        request_id: 0,
+    })
+    .expect("release");
+    let view = t.table.lock("doc", 0).expect("held");
+    assert_eq!(view.holders.len(), 1);
+    assert_eq!(
+        (view.holders[0].lease, view.holders[0].mode),
+        (w, "exclusive")
+    );
+    // The writer's lease expires: the reader behind it is granted in that step.
+    t.run(Command::KeepAlive { lease: r3 }).expect("renew");
+    t.at(9_000)
+        .run(Command::KeepAlive { lease: r3 })
+        .expect("renew");
+    t.at(10_500).run(Command::Tick).expect("tick");
+    let view = t.table.lock("doc", 10_500).expect("held");
+    assert_eq!(
+        view.holders.iter().map(|h| h.lease).collect::<Vec<_>>(),
+        vec![r3]
+    );
+}
+
+#[test]
+fn readers_behind_a_writer_that_gives_up_are_granted_at_once() {
+    let mut t = T::new();
+    let [r1, w, r2] = ["r1", "w", "r2"].map(|h| t.lease(10_000, h));
+    fence_of(t.acquire_as(r1, "doc", Mode::Shared, 0));
+    assert!(matches!(
+        t.acquire_as(w, "doc", Mode::Exclusive, 100),
+        Ok(Response::Queued { .. })
+    ));
+    assert!(matches!(
+        t.acquire_as(r2, "doc", Mode::Shared, 5_000),
+        Ok(Response::Queued { .. })
+    ));
+    // The writer's wait times out: the reader behind it joins the reader holding.
+    t.at(200).run(Command::Tick).expect("tick");
+    let view = t.table.lock("doc", 200).expect("held");
+    assert_eq!(
+        view.holders.iter().map(|h| h.lease).collect::<Vec<_>>(),
+        vec![r1, r2]
+    );
+    assert!(view.waiters.is_empty());
 }

@@ -11,7 +11,7 @@ use leasehold_core::auth::{
     self, AuditEntry, AuthChange, AuthState, Permission, Role, Rule, TokenId, TokenView,
 };
 use leasehold_core::{
-    limits, Command, Event, Fence, Grant, LeaseId, LeaseView, LockError, LockTable, LockView,
+    limits, Command, Event, Fence, Grant, LeaseId, LeaseView, LockError, LockTable, LockView, Mode,
     RequestId, Response, WaitEnd,
 };
 use tokio::sync::broadcast;
@@ -115,6 +115,8 @@ pub struct AcquireArgs {
     pub lock_delay_ms: u64,
     /// Makes a retry safe (0 for none).
     pub request_id: RequestId,
+    /// How the hold shares the key.
+    pub mode: Mode,
 }
 
 /// A bug planted on purpose, for a simulation to show that its checker
@@ -389,6 +391,7 @@ impl LockService {
         self.measured("acquire", async move {
             limits::validate_key(&args.key)?;
             limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
+            limits::validate_mode(args.mode)?;
             let command = match &args.lease {
                 LeaseSpec::Existing(lease) => Command::Acquire {
                     lease: *lease,
@@ -396,6 +399,7 @@ impl LockService {
                     wait_ms: args.wait_ms,
                     lock_delay_ms: args.lock_delay_ms,
                     request_id: args.request_id,
+                    mode: args.mode,
                 },
                 LeaseSpec::New { ttl_ms, holder } => {
                     limits::validate_ttl(*ttl_ms)?;
@@ -407,6 +411,7 @@ impl LockService {
                         wait_ms: args.wait_ms,
                         lock_delay_ms: args.lock_delay_ms,
                         request_id: args.request_id,
+                        mode: args.mode,
                     }
                 }
             };
@@ -449,6 +454,7 @@ impl LockService {
             wait_ms: args.wait_ms,
             lock_delay_ms: args.lock_delay_ms,
             request_id: args.request_id,
+            mode: args.mode,
         };
         let hub = self.consensus.hub().clone();
         let outcome = hub.wait_for(lease, &args.key);

@@ -629,3 +629,77 @@ async fn metrics_show_waiters_wait_times_and_log_fsyncs() {
         "{text}"
     );
 }
+
+/// Semaphores and readers on the wire: `permits` and `mode` over HTTP and
+/// gRPC, every holder listed, bad modes refused with the field named.
+#[tokio::test]
+async fn semaphores_and_readers_over_http_and_grpc() {
+    let server = Leaseholdd::start();
+    let permit =
+        |holder: &str| json!({"key": "api", "ttl_ms": 5000, "holder": holder, "permits": 2});
+    let (s1, a) = post(&server, "/v1/acquire", permit("a")).await;
+    let (s2, b) = post(&server, "/v1/acquire", permit("b")).await;
+    assert_eq!((s1, s2), (200, 200), "{a} {b}");
+    assert!(b["fence"].as_u64() > a["fence"].as_u64());
+    let (s, full) = post(&server, "/v1/acquire", permit("c")).await;
+    assert_eq!((s, &full["error"]["code"]), (409, &json!("held")), "{full}");
+    let (s, other) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "api", "ttl_ms": 5000, "mode": "permit", "permits": 3}),
+    )
+    .await;
+    assert_eq!(s, 400, "{other}");
+    let why = other["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("a semaphore of 2 permits"), "{other}");
+    let (_, view) = get(&server, "/v1/locks/api").await;
+    assert_eq!(view["permits"], 2);
+    let names: Vec<&str> = view["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["holder"].as_str().expect("name"))
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(view["holders"][1]["mode"], "permit");
+
+    for bad in [
+        json!({"key": "x", "ttl_ms": 5000, "mode": "sometimes"}),
+        json!({"key": "x", "ttl_ms": 5000, "mode": "shared", "permits": 2}),
+        json!({"key": "x", "ttl_ms": 5000, "permits": 10_001}),
+    ] {
+        let (s, body) = post(&server, "/v1/acquire", bad.clone()).await;
+        assert_eq!(
+            (s, &body["error"]["code"]),
+            (400, &json!("invalid_argument")),
+            "{bad}: {body}"
+        );
+    }
+    let (_, locks) = get(&server, "/v1/locks").await;
+    assert_eq!(locks["locks"].as_array().map(Vec::len), Some(1), "{locks}");
+
+    // gRPC: two readers, then a writer is refused; an unknown mode is refused.
+    let mut c = common::grpc(&server).await;
+    let shared = |lease_id| pb::AcquireRequest {
+        mode: pb::Mode::Shared.into(),
+        ..acquire(lease_id, "doc", 0)
+    };
+    let r1 = common::lease(&mut c, 10_000, "r1").await;
+    let r2 = common::lease(&mut c, 10_000, "r2").await;
+    let w = common::lease(&mut c, 10_000, "w").await;
+    c.acquire(shared(r1)).await.expect("reader");
+    c.acquire(shared(r2)).await.expect("reader");
+    let err = c.acquire(acquire(w, "doc", 0)).await.expect_err("writer");
+    assert_eq!(common::code(&err), "held");
+    let err = c
+        .acquire(pb::AcquireRequest {
+            mode: 9,
+            ..acquire(w, "doc", 0)
+        })
+        .await
+        .expect_err("mode 9");
+    assert_eq!(common::code(&err), "invalid_argument");
+    let info = common::describe(&mut c, "doc").await;
+    assert_eq!(info.holders.len(), 2);
+    assert!(info.holders.iter().all(|h| h.mode() == pb::Mode::Shared));
+}

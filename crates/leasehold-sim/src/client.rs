@@ -228,6 +228,7 @@ impl SimClient {
                 wait_ms: self.workload.wait.as_millis() as u64,
                 lock_delay_ms: 0,
                 request_id: request_id(),
+                mode: leasehold_core::Mode::Exclusive,
             };
             let answer = caller
                 .call(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};
 use crate::lease::{Lease, LeaseHandle};
 use crate::tls::TlsOptions;
-use crate::{Error, Fence, Result};
+use crate::{Error, Fence, Mode, Result};
 
 /// The default leaseholdd endpoint.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7419";
@@ -83,6 +83,7 @@ fn validate(key: &str, opts: &LockOptions) -> Result<()> {
     limits::validate_key(key)
         .and_then(|()| limits::validate_ttl(ms(opts.ttl)))
         .and_then(|()| limits::validate_wait(ms(opts.wait), ms(opts.lock_delay)))
+        .and_then(|()| limits::validate_mode(opts.mode))
         .map_err(|e| Error::InvalidArgument(e.to_string()))
 }
 
@@ -150,6 +151,12 @@ impl Client {
             return Err(Error::Unsupported {
                 backend: self.backend.name(),
                 what: "lock-delay",
+            });
+        }
+        if opts.mode != Mode::Exclusive && !self.backend.supports_modes() {
+            return Err(Error::Unsupported {
+                backend: self.backend.name(),
+                what: "shared holds and semaphores",
             });
         }
         Ok(())

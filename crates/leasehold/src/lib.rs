@@ -57,6 +57,7 @@ pub use backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};
 pub use client::{Client, ClientBuilder, DEFAULT_ENDPOINT};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseHandle};
+pub use leasehold_core::Mode;
 pub use tls::TlsOptions;
 
 /// A fencing token.

@@ -43,8 +43,15 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             wait,
             grace,
             lock_delay,
+            permits,
+            shared,
             command,
         } => {
+            let mode = match (permits, shared) {
+                (Some(permits), _) => leasehold::Mode::Permit { permits },
+                (None, true) => leasehold::Mode::Shared,
+                (None, false) => leasehold::Mode::Exclusive,
+            };
             run::run(
                 &client().await?,
                 &key,
@@ -53,6 +60,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     wait,
                     grace,
                     lock_delay,
+                    mode,
                     forever: false,
                 },
                 &command,
@@ -77,6 +85,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 wait: None,
                 grace,
                 lock_delay: std::time::Duration::ZERO,
+                mode: leasehold::Mode::Exclusive,
                 forever: true,
             };
             run::run(&client, &name, options, &command).await

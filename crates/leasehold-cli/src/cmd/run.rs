@@ -25,13 +25,15 @@ pub struct Options {
     pub wait: Option<Duration>,
     pub grace: Duration,
     pub lock_delay: Duration,
+    pub mode: leasehold::Mode,
     /// Keep waiting for the lock however long it takes (elections).
     pub forever: bool,
 }
 
 /// Takes the lock as the options say; `Ok(None)` when someone else has it.
 async fn take(client: &Client, key: &str, o: &Options) -> anyhow::Result<Option<Lease>> {
-    let opts = LockOptions::default().ttl(o.ttl).lock_delay(o.lock_delay);
+    let mut opts = LockOptions::default().ttl(o.ttl).lock_delay(o.lock_delay);
+    opts.mode = o.mode;
     loop {
         let result = match (o.forever, o.wait) {
             (true, _) => {

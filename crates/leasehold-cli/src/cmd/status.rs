@@ -10,7 +10,15 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
     if as_json {
         let rows: Vec<_> = locks
             .iter()
-            .map(|l| json!({"key": l.key, "holder": l.holder, "fence": l.fence, "ttl_left_ms": l.ttl_left_ms, "waiters": l.waiters}))
+            .map(|l| {
+                let holders: Vec<_> = l
+                    .holders
+                    .iter()
+                    .map(|(holder, fence)| json!({"holder": holder, "fence": fence}))
+                    .collect();
+                json!({"key": l.key, "holder": l.holder, "fence": l.fence, "ttl_left_ms": l.ttl_left_ms,
+                       "waiters": l.waiters, "holders": holders, "permits": l.permits})
+            })
             .collect();
         println!("{}", serde_json::Value::Array(rows));
         return Ok(0);
@@ -23,8 +31,8 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
         .unwrap_or(0)
         .max(6);
     println!(
-        "{:key_width$}  {:holder_width$}  {:>8}  {:>9}  {:>7}",
-        "KEY", "HOLDER", "FENCE", "TTL LEFT", "WAITERS"
+        "{:key_width$}  {:holder_width$}  {:>8}  {:>9}  {:>7}  {:>5}",
+        "KEY", "HOLDER", "FENCE", "TTL LEFT", "WAITERS", "HOLDS"
     );
     for l in &locks {
         let fence = l.fence.map_or_else(|| "-".to_string(), |f| f.to_string());
@@ -38,8 +46,14 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
         } else {
             "(free)"
         };
+        // Readers and semaphores have several holders: the first is shown,
+        // with how many hold (of how many permits).
+        let holds = match (l.holders.len(), l.permits) {
+            (n, 0) => n.to_string(),
+            (n, permits) => format!("{n}/{permits}"),
+        };
         println!(
-            "{:key_width$}  {holder:holder_width$}  {fence:>8}  {ttl:>9}  {:>7}",
+            "{:key_width$}  {holder:holder_width$}  {fence:>8}  {ttl:>9}  {:>7}  {holds:>5}",
             l.key, l.waiters
         );
     }

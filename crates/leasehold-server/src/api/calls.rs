@@ -24,6 +24,7 @@ pub async fn revoke(s: &LockService, r: pb::RevokeRequest) -> Result<pb::RevokeR
 }
 
 pub async fn acquire(s: &LockService, r: pb::AcquireRequest) -> Result<pb::AcquireResponse> {
+    let mode = mode(r.mode, r.permits)?;
     let grant = s
         .acquire(AcquireArgs {
             lease: match r.lease_id {
@@ -37,6 +38,7 @@ pub async fn acquire(s: &LockService, r: pb::AcquireRequest) -> Result<pb::Acqui
             wait_ms: r.wait_ms,
             lock_delay_ms: r.lock_delay_ms,
             request_id: r.request_id,
+            mode,
         })
         .await?;
     Ok(pb::AcquireResponse {
@@ -45,6 +47,35 @@ pub async fn acquire(s: &LockService, r: pb::AcquireRequest) -> Result<pb::Acqui
         checkpoint_fence: grant.checkpoint.as_ref().map_or(0, |c| c.fence),
         checkpoint: grant.checkpoint.map(|c| c.data.to_vec()),
     })
+}
+
+/// The table's mode for a request's `mode` and `permits`.
+pub fn mode(mode: i32, permits: u32) -> Result<leasehold_core::Mode> {
+    use leasehold_core::Mode;
+    let mode = pb::Mode::try_from(mode)
+        .map_err(|_| ApiError::invalid("mode", format!("{mode} is not a mode")))?;
+    match (mode, permits) {
+        (pb::Mode::Exclusive, 0) => Ok(Mode::Exclusive),
+        (pb::Mode::Shared, 0) => Ok(Mode::Shared),
+        (pb::Mode::Permit, permits) => {
+            let mode = Mode::Permit { permits };
+            leasehold_core::limits::validate_mode(mode)?;
+            Ok(mode)
+        }
+        (_, _) => Err(ApiError::invalid(
+            "permits",
+            "is only for mode PERMIT (a semaphore)",
+        )),
+    }
+}
+
+/// The wire form of a table's mode name.
+pub fn wire_mode(name: &str) -> pb::Mode {
+    match name {
+        "shared" => pb::Mode::Shared,
+        "permit" => pb::Mode::Permit,
+        _ => pb::Mode::Exclusive,
+    }
 }
 
 pub async fn release(s: &LockService, r: pb::ReleaseRequest) -> Result<pb::ReleaseResponse> {

@@ -29,14 +29,18 @@ fn lock_info(key: &str, view: Option<LockView>) -> pb::LockInfo {
             ..Default::default()
         };
     };
+    let holder = |h: leasehold_core::HolderView| pb::Holder {
+        lease_id: h.lease,
+        holder: h.holder,
+        fence: h.fence,
+        ttl_left_ms: h.ttl_left_ms,
+        mode: calls::wire_mode(h.mode).into(),
+    };
     pb::LockInfo {
         key: v.key,
-        holder: v.holder.map(|h| pb::Holder {
-            lease_id: h.lease,
-            holder: h.holder,
-            fence: h.fence,
-            ttl_left_ms: h.ttl_left_ms,
-        }),
+        holder: v.holder.map(holder),
+        holders: v.holders.into_iter().map(holder).collect(),
+        permits: v.permits,
         waiters: v
             .waiters
             .into_iter()
@@ -44,6 +48,7 @@ fn lock_info(key: &str, view: Option<LockView>) -> pb::LockInfo {
                 lease_id: w.lease,
                 holder: w.holder,
                 wait_left_ms: w.wait_left_ms,
+                mode: calls::wire_mode(w.mode).into(),
             })
             .collect(),
         has_checkpoint: v.has_checkpoint,

@@ -284,6 +284,28 @@ struct AcquireBody {
     lock_delay_ms: u64,
     #[serde(default)]
     request_id: u64,
+    /// `exclusive` (the default), `shared` (a reader) or `permit` (one of a
+    /// semaphore's `permits`; `permits` alone implies it).
+    mode: Option<String>,
+    #[serde(default)]
+    permits: u32,
+}
+
+/// The table's mode for an acquire body's `mode` and `permits`.
+fn acquire_mode(mode: Option<&str>, permits: u32) -> Result<leasehold_core::Mode> {
+    let wire = match mode {
+        None if permits > 0 => leasehold_proto::v1::Mode::Permit,
+        None | Some("exclusive") => leasehold_proto::v1::Mode::Exclusive,
+        Some("shared") => leasehold_proto::v1::Mode::Shared,
+        Some("permit") => leasehold_proto::v1::Mode::Permit,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "mode",
+                format!("is {other:?}; give exclusive, shared or permit"),
+            ))
+        }
+    };
+    super::calls::mode(wire.into(), permits)
 }
 
 /// Fields in alphabetical order, as a JSON map would print them.
@@ -323,6 +345,7 @@ async fn acquire(Caller(s): Caller, Body(b): Body<AcquireBody>) -> Result<Json<A
             wait_ms: b.wait_ms,
             lock_delay_ms: b.lock_delay_ms,
             request_id: b.request_id,
+            mode: acquire_mode(b.mode.as_deref(), b.permits)?,
         })
         .await?;
     let mut out = AcquireReply {
@@ -420,6 +443,8 @@ async fn describe_lock(Caller(s): Caller, Param(key): Param) -> Result<Json<Valu
     let view = s.lock(&key).await?.unwrap_or(LockView {
         key,
         holder: None,
+        holders: Vec::new(),
+        permits: 0,
         waiters: Vec::new(),
         has_checkpoint: false,
         delay_left_ms: 0,

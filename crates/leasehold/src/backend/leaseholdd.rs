@@ -344,6 +344,10 @@ impl Backend for Leaseholdd {
         true
     }
 
+    fn supports_modes(&self) -> bool {
+        true
+    }
+
     async fn acquire(
         &self,
         key: &str,
@@ -370,6 +374,7 @@ impl Backend for Leaseholdd {
         let mut renewed_session = false;
         let mut attempt = 0;
         let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
+        let (mode, permits) = super::wire_mode(opts.mode);
         loop {
             let claim = match self.claim(key, opts.ttl, holder).await {
                 Ok(c) => Arc::new(c),
@@ -391,6 +396,8 @@ impl Backend for Leaseholdd {
                 wait_ms,
                 lock_delay_ms,
                 request_id,
+                mode: mode.into(),
+                permits,
                 ..Default::default()
             };
             let granted = if wait_ms == 0 {
@@ -476,6 +483,12 @@ impl Backend for Leaseholdd {
                 fence: l.holder.as_ref().map(|h| h.fence),
                 ttl_left_ms: l.holder.as_ref().map_or(0, |h| h.ttl_left_ms),
                 waiters: l.waiters.len(),
+                holders: l
+                    .holders
+                    .iter()
+                    .map(|h| (h.holder.clone(), h.fence))
+                    .collect(),
+                permits: l.permits,
             })
             .collect())
     }

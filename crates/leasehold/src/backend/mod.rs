@@ -17,7 +17,7 @@ use futures::stream::BoxStream;
 
 use crate::keeper::Liveness;
 use crate::tls::TlsOptions;
-use crate::{Error, Fence, Result};
+use crate::{Error, Fence, Mode, Result};
 
 /// Opens the backend a URL names.
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>> {
@@ -73,6 +73,9 @@ pub struct LockOptions {
     /// After an expiry of this hold, nobody may take the key for this long
     /// (where the backend supports it).
     pub lock_delay: Duration,
+    /// How the hold shares the key: alone (the default), as one of many
+    /// readers, or as one of a semaphore's permits (leaseholdd only).
+    pub mode: Mode,
 }
 
 impl Default for LockOptions {
@@ -81,6 +84,7 @@ impl Default for LockOptions {
             ttl: Duration::from_secs(15),
             wait: Duration::from_secs(30),
             lock_delay: Duration::ZERO,
+            mode: Mode::Exclusive,
         }
     }
 }
@@ -102,6 +106,32 @@ impl LockOptions {
     pub fn lock_delay(mut self, lock_delay: Duration) -> Self {
         self.lock_delay = lock_delay;
         self
+    }
+
+    /// A reader's hold of a read/write lock: shared with other readers,
+    /// never with a writer (an exclusive hold of the same key). A waiting
+    /// writer stops new readers, so writers never starve.
+    pub fn shared(mut self) -> Self {
+        self.mode = Mode::Shared;
+        self
+    }
+
+    /// One permit of a counting semaphore of `permits`: up to that many
+    /// holders at once, each with its own fencing token, the rest waiting in
+    /// line. Every holder must name the same number.
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.mode = Mode::Permit { permits };
+        self
+    }
+}
+
+/// The wire form of a mode: (`mode`, `permits`) of an acquire request.
+pub(crate) fn wire_mode(mode: Mode) -> (leasehold_proto::v1::Mode, u32) {
+    use leasehold_proto::v1::Mode as Wire;
+    match mode {
+        Mode::Exclusive => (Wire::Exclusive, 0),
+        Mode::Shared => (Wire::Shared, 0),
+        Mode::Permit { permits } => (Wire::Permit, permits),
     }
 }
 
@@ -146,6 +176,11 @@ pub struct LockStatus {
     pub ttl_left_ms: u64,
     /// How many wait in its queue.
     pub waiters: usize,
+    /// Every holder: (name, token), the first first; several for readers
+    /// or a semaphore.
+    pub holders: Vec<(String, Fence)>,
+    /// A semaphore's size (0 for a lock).
+    pub permits: u32,
 }
 
 /// A change to a lock, from `watch`.
@@ -180,6 +215,12 @@ pub trait Backend: Send + Sync + 'static {
     /// lease expired ([`LockOptions::lock_delay`]). Where it does not, asking
     /// for a lock-delay is refused rather than silently ignored.
     fn supports_lock_delay(&self) -> bool {
+        false
+    }
+
+    /// Whether it has shared holds and semaphores ([`LockOptions::mode`]).
+    /// Where it does not, asking for one is refused.
+    fn supports_modes(&self) -> bool {
         false
     }
 

@@ -246,12 +246,17 @@ impl Backend for Postgres {
             .map_err(db_error)?;
         Ok(rows
             .iter()
-            .map(|r| LockStatus {
-                key: r.get(0),
-                holder: r.get(1),
-                fence: Some(r.get::<_, i64>(2) as Fence),
-                ttl_left_ms: r.get::<_, i64>(3) as u64,
-                waiters: 0,
+            .map(|r| {
+                let (holder, fence): (String, i64) = (r.get(1), r.get(2));
+                LockStatus {
+                    key: r.get(0),
+                    holders: vec![(holder.clone(), fence as Fence)],
+                    holder,
+                    fence: Some(fence as Fence),
+                    ttl_left_ms: r.get::<_, i64>(3) as u64,
+                    waiters: 0,
+                    permits: 0,
+                }
             })
             .collect())
     }
