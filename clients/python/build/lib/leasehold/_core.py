@@ -1,0 +1,180 @@
+"""What the blocking and the asyncio clients share: endpoints, request bodies,
+retry rules and the lease's clock. No I/O here."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Union
+
+from . import errors
+
+#: The local single-node default.
+DEFAULT_ENDPOINT = "http://127.0.0.1:7419"
+
+#: Most permits a semaphore may have (the server's limit).
+MAX_PERMITS = 10_000
+
+Number = Union[int, float]
+
+
+def default_holder() -> str:
+    """``host/pid``: shown to others who find the key held."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def request_id() -> int:
+    """A random request id, never 0 (0 means none), below 2**63."""
+    return random.getrandbits(62) | 1
+
+
+def ms(seconds: Number) -> int:
+    return int(round(float(seconds) * 1000))
+
+
+class Endpoints:
+    """The nodes of a deployment and which one to talk to.
+
+    ``"http://a:7419,b:7419,c:7419"`` (or a list) names a cluster: calls go to
+    the node that answered last, follow a ``not_leader`` answer's ``leader``,
+    and move to the next node when one cannot be reached.
+    """
+
+    def __init__(self, url: Union[str, List[str]]) -> None:
+        parts: List[str] = []
+        for item in [url] if isinstance(url, str) else list(url):
+            scheme = "https://" if item.strip().startswith("https://") else "http://"
+            for part in item.split(","):
+                part = part.strip()
+                if not part:
+                    continue
+                if "://" not in part:
+                    part = scheme + part
+                parts.append(part.rstrip("/"))
+        if not parts:
+            raise errors.InvalidArgument("no endpoint given")
+        self.urls = parts
+        self._current = 0
+        self._lock = threading.Lock()
+
+    def current(self) -> str:
+        with self._lock:
+            return self.urls[self._current]
+
+    def next(self) -> None:
+        """The current node could not be reached: try the next."""
+        with self._lock:
+            self._current = (self._current + 1) % len(self.urls)
+
+    def follow(self, leader: Any) -> bool:
+        """A node named the leader; go there. False if it named no one."""
+        if not leader:
+            self.next()
+            return False
+        leader = str(leader)
+        scheme = "https://" if self.urls[0].startswith("https://") else "http://"
+        url = leader if "://" in leader else scheme + leader
+        url = url.rstrip("/")
+        with self._lock:
+            if url not in self.urls:
+                self.urls.append(url)
+            self._current = self.urls.index(url)
+        return True
+
+
+@dataclass
+class Retry:
+    """How long to keep trying a call that was not answered."""
+
+    #: Give up after this many seconds of trying.
+    budget: float = 10.0
+    #: The first pause between attempts; doubled each time up to ``max_pause``.
+    pause: float = 0.05
+    max_pause: float = 1.0
+
+    def pauses(self):
+        """Pauses between attempts, until the budget is spent."""
+        until = time.monotonic() + self.budget
+        pause = self.pause
+        while time.monotonic() + pause < until:
+            yield pause
+            pause = min(pause * 2, self.max_pause)
+
+
+# Codes after which nothing was done: the same request may go anywhere.
+NOT_DONE = ("not_leader", "unavailable")
+# Codes after which the request may still take effect: retry with its id.
+MAYBE_DONE = ("outcome_unknown",)
+
+
+def acquire_body(
+    key: str,
+    *,
+    lease: Optional[int] = None,
+    ttl: Optional[Number] = None,
+    holder: str = "",
+    wait: Number = 0,
+    lock_delay: Number = 0,
+    request_id: int = 0,
+    shared: bool = False,
+    permits: Optional[int] = None,
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"key": key, "wait_ms": ms(wait), "request_id": request_id}
+    if lease is not None:
+        body["lease"] = lease
+    else:
+        body["ttl_ms"] = ms(ttl or 0)
+        body["holder"] = holder
+    if lock_delay:
+        body["lock_delay_ms"] = ms(lock_delay)
+    if permits is not None:
+        if shared:
+            raise errors.InvalidArgument("a hold is shared or one of a semaphore's permits, not both")
+        if not 1 <= int(permits) <= MAX_PERMITS:
+            raise errors.InvalidArgument(f"permits is {permits}; a semaphore has 1 ..= {MAX_PERMITS}")
+        body["mode"] = "permit"
+        body["permits"] = int(permits)
+    elif shared:
+        body["mode"] = "shared"
+    return body
+
+
+class Clock:
+    """A lease's client-side deadline, on the monotonic clock.
+
+    Measured from when a request was *sent*, never from when its answer came:
+    the server's TTL may have started any time after the send, so the client
+    gives up a margin (a tenth of the TTL) before the earliest moment the
+    server could expire the lease.
+    """
+
+    def __init__(self, ttl: float, sent_at: float) -> None:
+        self.ttl = ttl
+        self.margin = ttl / 10
+        self._deadline = sent_at + ttl - self.margin
+        self._lock = threading.Lock()
+
+    def renewed(self, sent_at: float) -> None:
+        with self._lock:
+            self._deadline = max(self._deadline, sent_at + self.ttl - self.margin)
+
+    def deadline(self) -> float:
+        with self._lock:
+            return self._deadline
+
+    def left(self) -> float:
+        return self.deadline() - time.monotonic()
+
+    def every(self) -> float:
+        """How often to renew: a third of the TTL."""
+        return self.ttl / 3
+
+    def call_timeout(self, several_nodes: bool) -> float:
+        """How long one renewal may take before the next node is tried."""
+        if several_nodes:
+            return max(self.ttl / 6, 0.2)
+        return max(self.left(), 0.05)

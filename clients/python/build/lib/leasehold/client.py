@@ -1,0 +1,414 @@
+"""The blocking client: :class:`Client` and its :class:`Lease`."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import urllib.parse
+from typing import Any, Dict, List, Optional, Union
+
+import httpx
+
+from . import errors
+from ._core import (
+    DEFAULT_ENDPOINT,
+    MAYBE_DONE,
+    NOT_DONE,
+    Clock,
+    Endpoints,
+    Number,
+    Retry,
+    acquire_body,
+    default_holder,
+    request_id,
+)
+
+
+class Lease:
+    """A held lock (or reader's hold, or semaphore permit): a lease that renews
+    itself every TTL/3 in a background thread, and its fencing token.
+
+    Call :meth:`token` right before each write the lock protects and send the
+    token with the write; it raises :class:`~leasehold.LeaseLost` once the
+    lease is lost (a renewal refused, or the client-side deadline passed, which
+    it checks itself, so a process resumed after a long pause sees the loss
+    before its next write). :attr:`lost` is set at the same moment.
+
+    Use it as a context manager to release on exit.
+    """
+
+    def __init__(
+        self,
+        client: "Client",
+        key: str,
+        lease_id: int,
+        fence: int,
+        clock: Clock,
+        checkpoint: Optional[bytes],
+    ) -> None:
+        self.key = key
+        self.lease_id = lease_id
+        self.fence = fence
+        #: What the previous holder saved with the lock, if anything.
+        self.checkpoint = checkpoint
+        #: Set the moment the lease is lost (or released).
+        self.lost = threading.Event()
+        self._client = client
+        self._clock = clock
+        self._reason = ""
+        self._released = False
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(
+            target=self._renew, name=f"leasehold-renew-{lease_id}", daemon=True
+        )
+        self._renewer.start()
+
+    # ---- the holder's side ----
+
+    def token(self) -> int:
+        """The fencing token, if the lease is still good; raises
+        :class:`~leasehold.LeaseLost` otherwise."""
+        if not self.lost.is_set() and self._clock.left() <= 0:
+            self._lose("the client-side deadline passed without a renewal")
+        if self.lost.is_set():
+            raise errors.LeaseLost(f"lease on {self.key!r} lost: {self._reason}", {"key": self.key})
+        return self.fence
+
+    def is_live(self) -> bool:
+        """Whether :meth:`token` would answer."""
+        try:
+            self.token()
+            return True
+        except errors.LeaseLost:
+            return False
+
+    @property
+    def lost_reason(self) -> str:
+        """Why the lease was lost (empty while it is not)."""
+        return self._reason
+
+    def deadline(self) -> float:
+        """When the lease is lost without another renewal, on ``time.monotonic()``."""
+        return self._clock.deadline()
+
+    def save_checkpoint(self, data: Union[bytes, str]) -> None:
+        """Saves bytes with the lock for the next holder, fenced by this lease's token."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        self._client._call(
+            "POST",
+            "/v1/checkpoint",
+            {
+                "key": self.key,
+                "fence": self.token(),
+                "data_base64": base64.b64encode(raw).decode(),
+            },
+        )
+
+    def release(self) -> None:
+        """Stops renewing, then ends the lease, which releases the lock; raises
+        :class:`~leasehold.LeaseLost` if it was lost before."""
+        if self._released:
+            return
+        self._released = True
+        self._stop.set()
+        if threading.current_thread() is not self._renewer:
+            self._renewer.join()
+        was_lost = self.lost.is_set() or self._clock.left() <= 0
+        try:
+            self._client._call("DELETE", f"/v1/leases/{self.lease_id}", None, retry_codes=())
+        except (errors.LeaseExpired, errors.LeaseNotFound):
+            was_lost = True
+        finally:
+            if not self.lost.is_set():
+                self._reason = "released"
+                self.lost.set()
+        if was_lost:
+            raise errors.LeaseLost(f"lease on {self.key!r} was lost before its release", {"key": self.key})
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.release()
+        except errors.LeaseLost:
+            if exc_type is None:
+                raise
+
+    # ---- renewal ----
+
+    def _lose(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self._reason = reason
+            self.lost.set()
+            self._stop.set()
+
+    def _renew(self) -> None:
+        every = self._clock.every()
+        next_at = time.monotonic() + every
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            if self._clock.left() <= 0:
+                self._lose("the client-side deadline passed without a renewal")
+                return
+            sent_at = time.monotonic()
+            timeout = self._clock.call_timeout(len(self._client.endpoints.urls) > 1)
+            try:
+                self._client._call(
+                    "POST",
+                    f"/v1/leases/{self.lease_id}/keepalive",
+                    {},
+                    timeout=min(timeout, max(self._clock.left(), 0.01)),
+                    retry=Retry(budget=0),
+                )
+            except (errors.LeaseExpired, errors.LeaseNotFound, errors.PermissionDenied, errors.Unauthenticated) as e:
+                self._lose(f"renewal refused: {e}")
+                return
+            except errors.LeaseholdError:
+                # Not answered: try again soon, until the deadline.
+                next_at = time.monotonic() + min(0.1, every)
+                continue
+            if self._stop.is_set():
+                return
+            self._clock.renewed(sent_at)
+            next_at = sent_at + every
+
+
+class Client:
+    """A connection to leaseholdd (one node, or a cluster's nodes).
+
+    ``Client("http://127.0.0.1:7419")``, or several nodes:
+    ``Client("http://10.0.0.1:7419,10.0.0.2:7419,10.0.0.3:7419")``. ``token`` is
+    an access token (``lh_...``), sent as ``Authorization: Bearer``; it
+    defaults to ``LEASEHOLD_TOKEN``. It speaks leaseholdd's HTTP/JSON API.
+    """
+
+    def __init__(
+        self,
+        url: Union[str, List[str], None] = None,
+        *,
+        holder: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 5.0,
+        retry: Optional[Retry] = None,
+        verify: Union[bool, str] = True,
+    ) -> None:
+        import os
+
+        self.endpoints = Endpoints(url or os.environ.get("LEASEHOLD_ENDPOINT") or DEFAULT_ENDPOINT)
+        self.holder = holder or os.environ.get("LEASEHOLD_HOLDER") or default_holder()
+        self.timeout = timeout
+        self.retry = retry or Retry()
+        token = token or os.environ.get("LEASEHOLD_TOKEN")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(headers=headers, verify=verify)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- locks ----
+
+    def try_lock(
+        self,
+        key: str,
+        ttl: Number = 15,
+        *,
+        lock_delay: Number = 0,
+        shared: bool = False,
+        permits: Optional[int] = None,
+    ) -> Lease:
+        """Takes ``key`` if it is free, at once; raises :class:`~leasehold.Held`
+        (or :class:`~leasehold.LockDelayed`) if not."""
+        return self._acquire(key, ttl, None, lock_delay, shared, permits)
+
+    def lock(
+        self,
+        key: str,
+        ttl: Number = 15,
+        *,
+        wait: Optional[Number] = 30,
+        lock_delay: Number = 0,
+        shared: bool = False,
+        permits: Optional[int] = None,
+    ) -> Lease:
+        """Takes ``key``, waiting up to ``wait`` seconds in the server's FIFO queue
+        (``wait=None`` or 0: do not wait). Use the result as a context manager::
+
+            with client.lock("nightly", ttl=30) as lease:
+                write(lease.token())
+
+        ``shared=True`` takes it as one of many readers (a plain lock is the
+        writer); ``permits=N`` takes one of N permits of a counting semaphore.
+        """
+        return self._acquire(key, ttl, wait or None, lock_delay, shared, permits)
+
+    def semaphore(self, key: str, permits: int, ttl: Number = 15, *, wait: Optional[Number] = 30) -> Lease:
+        """One of ``permits`` permits of the semaphore ``key``."""
+        return self.lock(key, ttl, wait=wait, permits=permits)
+
+    def describe(self, key: str) -> Dict[str, Any]:
+        """The lock as the server sees it: ``holders``, ``waiters``, ``permits`` ..."""
+        return self._call("GET", "/v1/locks/" + urllib.parse.quote(key, safe="/"), None)
+
+    def locks(self, prefix: str = "") -> List[Dict[str, Any]]:
+        """Locks under a prefix (the first page of up to 10,000)."""
+        return self._call("GET", "/v1/locks", None, params={"prefix": prefix})["locks"]
+
+    def _acquire(
+        self,
+        key: str,
+        ttl: Number,
+        wait: Optional[Number],
+        lock_delay: Number,
+        shared: bool,
+        permits: Optional[int],
+    ) -> Lease:
+        ttl = float(ttl)
+        if wait is None:
+            # One command: the lease and the lock, or neither.
+            sent_at = time.monotonic()
+            body = acquire_body(
+                key,
+                ttl=ttl,
+                holder=self.holder,
+                lock_delay=lock_delay,
+                request_id=request_id(),
+                shared=shared,
+                permits=permits,
+            )
+            answer = self._call("POST", "/v1/acquire", body)
+            return self._lease(key, answer, Clock(ttl, sent_at))
+        # A wait may outlast the TTL: the lease is granted first and renewed
+        # while it waits.
+        sent_at = time.monotonic()
+        granted = self._call(
+            "POST",
+            "/v1/leases",
+            {"ttl_ms": round(ttl * 1000), "holder": self.holder, "request_id": request_id()},
+        )
+        lease_id = int(granted["lease"])
+        clock = Clock(ttl, sent_at)
+        waiting = _Keeper(self, lease_id, clock)
+        try:
+            until = time.monotonic() + float(wait)
+            body = acquire_body(
+                key,
+                lease=lease_id,
+                wait=wait,
+                lock_delay=lock_delay,
+                request_id=request_id(),
+                shared=shared,
+                permits=permits,
+            )
+            while True:
+                body["wait_ms"] = max(1, round((until - time.monotonic()) * 1000))
+                try:
+                    answer = self._call(
+                        "POST", "/v1/acquire", body, timeout=body["wait_ms"] / 1000 + self.timeout
+                    )
+                    break
+                except errors.OutcomeUnknown:
+                    # The wait's call broke (a restart, a leader change): the
+                    # same request re-attaches to its place in the queue.
+                    if time.monotonic() >= until:
+                        raise errors.WaitTimeout(f"timed out waiting for lock {key!r}", {"key": key})
+            if waiting.lost is not None:
+                raise errors.LeaseLost(f"lease lost while waiting for {key!r}: {waiting.lost}", {"key": key})
+        except BaseException:
+            waiting.stop()
+            try:
+                self._call("DELETE", f"/v1/leases/{lease_id}", None, retry_codes=())
+            except errors.LeaseholdError:
+                pass
+            raise
+        waiting.stop()
+        return self._lease(key, answer, clock)
+
+    def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> Lease:
+        checkpoint = None
+        if answer.get("checkpoint_base64") is not None:
+            checkpoint = base64.b64decode(answer["checkpoint_base64"])
+        return Lease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint)
+
+    # ---- the wire ----
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Optional[Dict[str, Any]],
+        *,
+        params: Optional[Dict[str, Any]] = None,
+        timeout: Optional[float] = None,
+        retry: Optional[Retry] = None,
+        retry_codes: tuple = MAYBE_DONE,
+    ) -> Any:
+        """One call, retried while nothing was done (a node down, not the
+        leader) and, for ``retry_codes``, while the outcome is unknown (every
+        body that changes state carries a request id, so a retry acts once)."""
+        pauses = (retry or self.retry).pauses()
+        while True:
+            url = self.endpoints.current() + path
+            try:
+                r = self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
+            except httpx.ConnectError as e:
+                # Never reached a server: nothing was done.
+                self.endpoints.next()
+                err: errors.LeaseholdError = errors.Unavailable(f"{url}: {e}")
+            except httpx.TransportError as e:
+                self.endpoints.next()
+                err = errors.OutcomeUnknown(f"{url}: {e}")
+            else:
+                try:
+                    answer = r.json()
+                except ValueError:
+                    answer = None
+                if r.is_success:
+                    return answer
+                err = errors.from_body(r.status_code, answer)
+                if isinstance(err, errors.NotLeader):
+                    self.endpoints.follow(err.details.get("leader"))
+            retryable = err.code in NOT_DONE or err.code in retry_codes
+            if not retryable:
+                raise err
+            pause = next(pauses, None)
+            if pause is None:
+                raise err
+            if not isinstance(err, errors.NotLeader):
+                time.sleep(pause)
+
+
+class _Keeper:
+    """Renews a lease while its acquire waits in the queue."""
+
+    def __init__(self, client: Client, lease_id: int, clock: Clock) -> None:
+        self.lost: Optional[str] = None
+        self._stop = threading.Event()
+        self._client = client
+        self._lease_id = lease_id
+        self._clock = clock
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._clock.every()):
+            sent_at = time.monotonic()
+            try:
+                self._client._call("POST", f"/v1/leases/{self._lease_id}/keepalive", {}, retry=Retry(budget=0))
+                self._clock.renewed(sent_at)
+            except (errors.LeaseExpired, errors.LeaseNotFound) as e:
+                self.lost = str(e)
+                return
+            except errors.LeaseholdError:
+                continue
+

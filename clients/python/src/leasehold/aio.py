@@ -1,0 +1,335 @@
+"""The asyncio client: :class:`AsyncClient` and its :class:`AsyncLease`.
+
+The same rules as the blocking client; renewal runs as a task on the loop::
+
+    async with leasehold.AsyncClient("http://127.0.0.1:7419") as client:
+        async with await client.lock("nightly", ttl=30) as lease:
+            await write(lease.token())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import time
+import urllib.parse
+from typing import Any, Dict, List, Optional, Union
+
+import httpx
+
+from . import errors
+from ._core import (
+    DEFAULT_ENDPOINT,
+    MAYBE_DONE,
+    NOT_DONE,
+    Clock,
+    Endpoints,
+    Number,
+    Retry,
+    acquire_body,
+    default_holder,
+    request_id,
+)
+
+
+class AsyncLease:
+    """A held lock that renews itself every TTL/3 in a task; see
+    :class:`leasehold.Lease`. :attr:`lost` is an :class:`asyncio.Event`."""
+
+    def __init__(
+        self,
+        client: "AsyncClient",
+        key: str,
+        lease_id: int,
+        fence: int,
+        clock: Clock,
+        checkpoint: Optional[bytes],
+    ) -> None:
+        self.key = key
+        self.lease_id = lease_id
+        self.fence = fence
+        self.checkpoint = checkpoint
+        #: Set the moment the lease is lost (or released).
+        self.lost = asyncio.Event()
+        self._client = client
+        self._clock = clock
+        self._reason = ""
+        self._released = False
+        self._renewer = asyncio.get_running_loop().create_task(self._renew())
+
+    def token(self) -> int:
+        """The fencing token, if the lease is still good; raises
+        :class:`~leasehold.LeaseLost` otherwise."""
+        if not self.lost.is_set() and self._clock.left() <= 0:
+            self._lose("the client-side deadline passed without a renewal")
+        if self.lost.is_set():
+            raise errors.LeaseLost(f"lease on {self.key!r} lost: {self._reason}", {"key": self.key})
+        return self.fence
+
+    def is_live(self) -> bool:
+        try:
+            self.token()
+            return True
+        except errors.LeaseLost:
+            return False
+
+    @property
+    def lost_reason(self) -> str:
+        return self._reason
+
+    def deadline(self) -> float:
+        return self._clock.deadline()
+
+    async def save_checkpoint(self, data: Union[bytes, str]) -> None:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        await self._client._call(
+            "POST",
+            "/v1/checkpoint",
+            {"key": self.key, "fence": self.token(), "data_base64": base64.b64encode(raw).decode()},
+        )
+
+    async def release(self) -> None:
+        """Stops renewing, then ends the lease, releasing the lock; raises
+        :class:`~leasehold.LeaseLost` if it was lost before."""
+        if self._released:
+            return
+        self._released = True
+        self._renewer.cancel()
+        try:
+            await self._renewer
+        except asyncio.CancelledError:
+            pass
+        was_lost = self.lost.is_set() or self._clock.left() <= 0
+        try:
+            await self._client._call("DELETE", f"/v1/leases/{self.lease_id}", None, retry_codes=())
+        except (errors.LeaseExpired, errors.LeaseNotFound):
+            was_lost = True
+        finally:
+            if not self.lost.is_set():
+                self._reason = "released"
+                self.lost.set()
+        if was_lost:
+            raise errors.LeaseLost(f"lease on {self.key!r} was lost before its release", {"key": self.key})
+
+    async def __aenter__(self) -> "AsyncLease":
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            await self.release()
+        except errors.LeaseLost:
+            if exc_type is None:
+                raise
+
+    def _lose(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self._reason = reason
+            self.lost.set()
+
+    async def _renew(self) -> None:
+        every = self._clock.every()
+        next_at = time.monotonic() + every
+        while True:
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if self._clock.left() <= 0:
+                self._lose("the client-side deadline passed without a renewal")
+                return
+            sent_at = time.monotonic()
+            timeout = self._clock.call_timeout(len(self._client.endpoints.urls) > 1)
+            try:
+                await self._client._call(
+                    "POST",
+                    f"/v1/leases/{self.lease_id}/keepalive",
+                    {},
+                    timeout=min(timeout, max(self._clock.left(), 0.01)),
+                    retry=Retry(budget=0),
+                )
+            except (errors.LeaseExpired, errors.LeaseNotFound, errors.PermissionDenied, errors.Unauthenticated) as e:
+                self._lose(f"renewal refused: {e}")
+                return
+            except errors.LeaseholdError:
+                next_at = time.monotonic() + min(0.1, every)
+                continue
+            self._clock.renewed(sent_at)
+            next_at = sent_at + every
+
+
+class AsyncClient:
+    """The asyncio form of :class:`leasehold.Client`; the same arguments."""
+
+    def __init__(
+        self,
+        url: Union[str, List[str], None] = None,
+        *,
+        holder: Optional[str] = None,
+        token: Optional[str] = None,
+        timeout: float = 5.0,
+        retry: Optional[Retry] = None,
+        verify: Union[bool, str] = True,
+    ) -> None:
+        self.endpoints = Endpoints(url or os.environ.get("LEASEHOLD_ENDPOINT") or DEFAULT_ENDPOINT)
+        self.holder = holder or os.environ.get("LEASEHOLD_HOLDER") or default_holder()
+        self.timeout = timeout
+        self.retry = retry or Retry()
+        token = token or os.environ.get("LEASEHOLD_TOKEN")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(headers=headers, verify=verify)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def try_lock(
+        self,
+        key: str,
+        ttl: Number = 15,
+        *,
+        lock_delay: Number = 0,
+        shared: bool = False,
+        permits: Optional[int] = None,
+    ) -> AsyncLease:
+        return await self._acquire(key, ttl, None, lock_delay, shared, permits)
+
+    async def lock(
+        self,
+        key: str,
+        ttl: Number = 15,
+        *,
+        wait: Optional[Number] = 30,
+        lock_delay: Number = 0,
+        shared: bool = False,
+        permits: Optional[int] = None,
+    ) -> AsyncLease:
+        return await self._acquire(key, ttl, wait or None, lock_delay, shared, permits)
+
+    async def semaphore(self, key: str, permits: int, ttl: Number = 15, *, wait: Optional[Number] = 30) -> AsyncLease:
+        return await self.lock(key, ttl, wait=wait, permits=permits)
+
+    async def describe(self, key: str) -> Dict[str, Any]:
+        return await self._call("GET", "/v1/locks/" + urllib.parse.quote(key, safe="/"), None)
+
+    async def _acquire(
+        self,
+        key: str,
+        ttl: Number,
+        wait: Optional[Number],
+        lock_delay: Number,
+        shared: bool,
+        permits: Optional[int],
+    ) -> AsyncLease:
+        ttl = float(ttl)
+        sent_at = time.monotonic()
+        if wait is None:
+            body = acquire_body(
+                key,
+                ttl=ttl,
+                holder=self.holder,
+                lock_delay=lock_delay,
+                request_id=request_id(),
+                shared=shared,
+                permits=permits,
+            )
+            answer = await self._call("POST", "/v1/acquire", body)
+            return self._lease(key, answer, Clock(ttl, sent_at))
+        granted = await self._call(
+            "POST",
+            "/v1/leases",
+            {"ttl_ms": round(ttl * 1000), "holder": self.holder, "request_id": request_id()},
+        )
+        lease_id = int(granted["lease"])
+        clock = Clock(ttl, sent_at)
+        keeper = asyncio.get_running_loop().create_task(self._keep(lease_id, clock))
+        try:
+            until = time.monotonic() + float(wait)
+            body = acquire_body(
+                key,
+                lease=lease_id,
+                wait=wait,
+                lock_delay=lock_delay,
+                request_id=request_id(),
+                shared=shared,
+                permits=permits,
+            )
+            while True:
+                body["wait_ms"] = max(1, round((until - time.monotonic()) * 1000))
+                try:
+                    answer = await self._call(
+                        "POST", "/v1/acquire", body, timeout=body["wait_ms"] / 1000 + self.timeout
+                    )
+                    break
+                except errors.OutcomeUnknown:
+                    if time.monotonic() >= until:
+                        raise errors.WaitTimeout(f"timed out waiting for lock {key!r}", {"key": key})
+        except BaseException:
+            keeper.cancel()
+            try:
+                await self._call("DELETE", f"/v1/leases/{lease_id}", None, retry_codes=())
+            except errors.LeaseholdError:
+                pass
+            raise
+        keeper.cancel()
+        return self._lease(key, answer, clock)
+
+    async def _keep(self, lease_id: int, clock: Clock) -> None:
+        while True:
+            await asyncio.sleep(clock.every())
+            sent_at = time.monotonic()
+            try:
+                await self._call("POST", f"/v1/leases/{lease_id}/keepalive", {}, retry=Retry(budget=0))
+                clock.renewed(sent_at)
+            except (errors.LeaseExpired, errors.LeaseNotFound):
+                return
+            except errors.LeaseholdError:
+                continue
+
+    def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> AsyncLease:
+        checkpoint = None
+        if answer.get("checkpoint_base64") is not None:
+            checkpoint = base64.b64decode(answer["checkpoint_base64"])
+        return AsyncLease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Optional[Dict[str, Any]],
+        *,
+        params: Optional[Dict[str, Any]] = None,
+        timeout: Optional[float] = None,
+        retry: Optional[Retry] = None,
+        retry_codes: tuple = MAYBE_DONE,
+    ) -> Any:
+        pauses = (retry or self.retry).pauses()
+        while True:
+            url = self.endpoints.current() + path
+            try:
+                r = await self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
+            except httpx.ConnectError as e:
+                self.endpoints.next()
+                err: errors.LeaseholdError = errors.Unavailable(f"{url}: {e}")
+            except httpx.TransportError as e:
+                self.endpoints.next()
+                err = errors.OutcomeUnknown(f"{url}: {e}")
+            else:
+                try:
+                    answer = r.json()
+                except ValueError:
+                    answer = None
+                if r.is_success:
+                    return answer
+                err = errors.from_body(r.status_code, answer)
+                if isinstance(err, errors.NotLeader):
+                    self.endpoints.follow(err.details.get("leader"))
+            if not (err.code in NOT_DONE or err.code in retry_codes):
+                raise err
+            pause = next(pauses, None)
+            if pause is None:
+                raise err
+            if not isinstance(err, errors.NotLeader):
+                await asyncio.sleep(pause)

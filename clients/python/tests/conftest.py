@@ -1,0 +1,67 @@
+"""Starts a real leaseholdd for the tests, on a free port with its own data dir.
+
+The binary is ``$LEASEHOLDD``, else the workspace's ``target/debug/leaseholdd``
+(``cargo build --bin leaseholdd``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self) -> None:
+        binary = os.environ.get("LEASEHOLDD") or str(ROOT / "target" / "debug" / "leaseholdd")
+        if not Path(binary).exists():
+            pytest.fail(f"{binary} not found: cargo build --bin leaseholdd, or set LEASEHOLDD")
+        self.dir = tempfile.TemporaryDirectory(prefix="leasehold-py-")
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.url = f"http://{self.addr}"
+        self.log = open(Path(self.dir.name) / "server.log", "wb")
+        self.proc = subprocess.Popen(
+            [binary, "--listen", self.addr, "--data-dir", str(Path(self.dir.name) / "data")],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        until = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > until:
+                raise RuntimeError(f"leaseholdd did not start: {(Path(self.dir.name) / 'server.log').read_text()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+        self.dir.cleanup()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    try:
+        yield s
+    finally:
+        s.stop()

@@ -1,0 +1,249 @@
+"""The Python client against a real leaseholdd."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import leasehold
+from leasehold import fence
+
+
+def test_exclusion_under_contention_with_a_fenced_counter(server):
+    gate = leasehold.FenceGate()
+    counter = {"value": 0}
+    inside = []
+    overlaps = []
+    tokens = []
+
+    def worker(n: int) -> None:
+        client = leasehold.Client(server.url, holder=f"w{n}")
+        for _ in range(10):
+            with client.lock("counter", ttl=5, wait=30) as lease:
+                if inside:
+                    overlaps.append((n, list(inside)))
+                inside.append(n)
+                value = counter["value"]
+                time.sleep(0.002)
+                gate.admit("counter", lease.token())
+                counter["value"] = value + 1
+                tokens.append(lease.token())
+                inside.remove(n)
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == []
+    assert counter["value"] == 60
+    assert len(set(tokens)) == 60
+    assert tokens == sorted(tokens), "tokens must increase in grant order"
+
+
+def test_contention_names_the_holder_and_errors_are_typed(server):
+    a = leasehold.Client(server.url, holder="a")
+    b = leasehold.Client(server.url, holder="b")
+    with a.try_lock("nightly", ttl=5) as held:
+        with pytest.raises(leasehold.Held) as e:
+            b.try_lock("nightly", ttl=5)
+        assert e.value.holder == "a"
+        assert e.value.fence == held.token()
+        assert e.value.code == "held"
+        with pytest.raises(leasehold.WaitTimeout):
+            b.lock("nightly", ttl=5, wait=0.3)
+        held.save_checkpoint(b"row 17")
+    with b.try_lock("nightly", ttl=5) as next_holder:
+        assert next_holder.checkpoint == b"row 17"
+        assert next_holder.token() > held.fence
+    with pytest.raises(leasehold.InvalidArgument):
+        a.try_lock("", ttl=5)
+    with pytest.raises(leasehold.InvalidArgument):
+        a.try_lock("k", ttl=0.001)
+    # Nothing was left behind by the refusals: no holder, no lease.
+    assert all(lock["holders"] == [] for lock in a.locks(""))
+    assert a._call("GET", "/v1/leases", None)["leases"] == []
+
+
+def test_a_lease_outlives_its_ttl_while_renewed_and_release_frees_the_key(server):
+    client = leasehold.Client(server.url)
+    lease = client.try_lock("long", ttl=0.6)
+    time.sleep(2.0)
+    assert lease.is_live()
+    assert client.describe("long")["holder"]["fence"] == lease.token()
+    lease.release()
+    assert lease.lost.is_set()
+    with pytest.raises(leasehold.LeaseLost):
+        lease.token()
+    assert client.locks("") == []
+
+
+def test_a_wait_longer_than_the_ttl_keeps_its_place(server):
+    a = leasehold.Client(server.url, holder="a")
+    b = leasehold.Client(server.url, holder="b")
+    first = a.try_lock("queue", ttl=5)
+    got = {}
+
+    def wait() -> None:
+        got["lease"] = b.lock("queue", ttl=0.5, wait=10)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(1.5)  # three of the waiter's TTLs
+    first.release()
+    t.join()
+    assert got["lease"].token() > first.fence
+    got["lease"].release()
+
+
+HOLDER = r"""
+import sys, time, leasehold
+client = leasehold.Client(sys.argv[1], holder="frozen")
+lease = client.try_lock("job", ttl=1)
+out = open(sys.argv[2], "a", buffering=1)
+while True:
+    try:
+        token = lease.token()
+    except leasehold.LeaseLost as e:
+        out.write(f"lost {time.monotonic()}\n")
+        break
+    out.write(f"ok {token} {time.monotonic()}\n")
+    time.sleep(0.05)
+"""
+
+
+def test_a_holder_frozen_past_its_ttl_loses_its_token(server, tmp_path: Path):
+    log = tmp_path / "holder.log"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, server.url, str(log)], env=env)
+    try:
+        until = time.monotonic() + 10
+        while not (log.exists() and log.read_text().startswith("ok")):
+            assert time.monotonic() < until, "the holder never took the lock"
+            time.sleep(0.05)
+        os.kill(holder.pid, signal.SIGSTOP)
+        other = leasehold.Client(server.url, holder="other")
+        taken = other.lock("job", ttl=5, wait=10)
+        taken_at = time.monotonic()
+        os.kill(holder.pid, signal.SIGCONT)
+        assert holder.wait(timeout=10) == 0
+    finally:
+        holder.kill()
+    lines = log.read_text().split("\n")
+    lines = [l.split() for l in lines if l]
+    assert lines[-1][0] == "lost", lines[-3:]
+    writes = [l for l in lines if l[0] == "ok"]
+    assert all(float(l[2]) < taken_at for l in writes), "a write passed token() after the key moved on"
+    assert taken.token() > int(writes[-1][1])
+    taken.release()
+
+
+def test_a_semaphore_never_admits_more_than_n(server):
+    inside = [0]
+    most = [0]
+    lock = threading.Lock()
+    tokens = []
+
+    def worker(n: int) -> None:
+        client = leasehold.Client(server.url, holder=f"s{n}")
+        for _ in range(4):
+            with client.semaphore("api", permits=3, ttl=5, wait=30) as permit:
+                with lock:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                    tokens.append(permit.token())
+                time.sleep(0.03)
+                with lock:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 3
+    assert len(set(tokens)) == 32
+
+
+def test_semaphore_sizes_and_readers(server):
+    client = leasehold.Client(server.url)
+    one = client.semaphore("pool", permits=2, wait=None)
+    with pytest.raises(leasehold.InvalidArgument) as e:
+        client.semaphore("pool", permits=3, wait=None)
+    assert "2 permits" in str(e.value)
+    with pytest.raises(leasehold.InvalidArgument):
+        client.semaphore("pool", permits=0)
+    view = client.describe("pool")
+    assert view["permits"] == 2 and len(view["holders"]) == 1
+    one.release()
+
+    r1 = client.try_lock("doc", shared=True)
+    r2 = client.try_lock("doc", shared=True)
+    with pytest.raises(leasehold.Held):
+        client.try_lock("doc")
+    r1.release()
+    r2.release()
+    with client.try_lock("doc") as writer:
+        with pytest.raises(leasehold.Held):
+            client.try_lock("doc", shared=True)
+        assert writer.is_live()
+
+
+def test_the_async_client(server):
+    async def main() -> None:
+        async with leasehold.AsyncClient(server.url, holder="a") as a, leasehold.AsyncClient(
+            server.url, holder="b"
+        ) as b:
+            lease = await a.lock("async", ttl=0.6)
+            async with lease:
+                with pytest.raises(leasehold.Held):
+                    await b.try_lock("async", ttl=5)
+                await asyncio.sleep(1.5)
+                assert lease.is_live()
+                waiter = asyncio.ensure_future(b.lock("async", ttl=5, wait=10))
+                await asyncio.sleep(0.2)
+                first = lease.token()
+            second = await waiter
+            assert second.token() > first
+            await second.release()
+            sem = [await b.semaphore("asem", permits=2, wait=None) for _ in range(2)]
+            with pytest.raises(leasehold.Held):
+                await b.semaphore("asem", permits=2, wait=None)
+            for s in sem:
+                await s.release()
+
+    asyncio.run(main())
+
+
+def test_fenced_sql_refuses_an_older_token():
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER, fence INTEGER)")
+    db.execute("INSERT INTO accounts VALUES (1, 100, 0)")
+    cur = db.cursor()
+    assert fence.fenced_update(cur, "accounts", {"balance": 90}, {"id": 1}, 7, placeholder="?") == 1
+    assert fence.fenced_update(cur, "accounts", {"balance": 80}, {"id": 1}, 7, placeholder="?") == 1
+    with pytest.raises(leasehold.StaleFence):
+        fence.fenced_update(cur, "accounts", {"balance": 0}, {"id": 1}, 6, placeholder="?")
+    assert db.execute("SELECT balance, fence FROM accounts").fetchone() == (80, 7)
+    with pytest.raises(ValueError):
+        fence.fenced_update(cur, "accounts; DROP TABLE accounts", {"balance": 1}, {"id": 1}, 8)
+    assert fence.fence_clause() == "fence <= %s"
+
+
+def test_several_endpoints_move_past_a_dead_one(server):
+    from conftest import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    client = leasehold.Client(f"http://{dead},{server.addr}")
+    with client.try_lock("k", ttl=2) as lease:
+        assert lease.is_live()
