@@ -247,3 +247,39 @@ def test_several_endpoints_move_past_a_dead_one(server):
     client = leasehold.Client(f"http://{dead},{server.addr}")
     with client.try_lock("k", ttl=2) as lease:
         assert lease.is_live()
+
+
+def test_election_observe_sees_every_change(server):
+    watcher = leasehold.Client(server.url, holder="watcher")
+    election = watcher.election("scheduler")
+    seen = []
+    first_seen = threading.Event()
+
+    def observe() -> None:
+        for leader in election.observe():
+            seen.append(leader.value if leader else None)
+            first_seen.set()
+            if len(seen) == 6:
+                return
+
+    observer = threading.Thread(target=observe, daemon=True)
+    observer.start()
+    assert first_seen.wait(10)
+
+    a = leasehold.Client(server.url, holder="a")
+    b = leasehold.Client(server.url, holder="b")
+    lead_a = a.election("scheduler").campaign("a:1", ttl=5)
+    got = {}
+    waiting = threading.Thread(target=lambda: got.update(b=b.election("scheduler").campaign("b:1", ttl=5)))
+    waiting.start()
+    lead_a.proclaim("a:2")
+    assert election.leader().value == "a:2"
+    token_a = lead_a.token()
+    lead_a.resign()
+    waiting.join(10)
+    lead_b = got["b"]
+    assert lead_b.token() > token_a
+    lead_b.resign()
+    observer.join(10)
+    assert seen == [None, "a:1", "a:2", None, "b:1", None]
+    assert election.leader() is None

@@ -205,6 +205,18 @@ enum Command {
         action: AuthAction,
     },
     /// Print lock events as they happen.
+    /// Who leads the election NAME (see `elect`): its value and token, or
+    /// "(none)"; with --watch, every change as it happens.
+    Leader {
+        /// The election.
+        name: String,
+        /// Keep printing each change.
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
     Watch {
         /// Only keys with this prefix.
         #[arg(default_value = "")]

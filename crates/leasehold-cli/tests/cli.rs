@@ -148,6 +148,62 @@ fn runs_with_permits_let_that_many_commands_run_at_once() {
     let _ = holder.wait_with_output();
 }
 
+/// `elect` proclaims its value; `leader` shows it, and with --watch prints
+/// each change: the next candidate taking over when the first one's command ends.
+#[test]
+fn leader_shows_who_elect_made_leader_and_watches_it_change() {
+    let server = Leaseholdd::start();
+    let none = run(&server, &["leader", "sched"]);
+    assert_eq!(none.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&none.stdout).trim(), "(none)");
+    let mut watch = leasehold(&server)
+        .args(["leader", "sched", "--watch", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn watch");
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(
+        watch.stdout.take().expect("stdout"),
+    ));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || lines.map_while(Result::ok).try_for_each(|l| tx.send(l)));
+    let next = || {
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("a line in time")
+    };
+    // Its first line (nobody leads) comes once it watches.
+    let mut values = vec![next()];
+    let first = leasehold(&server)
+        .args(["elect", "sched", "--value", "node-1", "--", "sleep", "1"])
+        .spawn()
+        .expect("spawn elect");
+    wait_until(Duration::from_secs(10), "node-1 to lead", || {
+        String::from_utf8_lossy(&run(&server, &["leader", "sched"]).stdout).starts_with("node-1")
+    });
+    let second = leasehold(&server)
+        .args(["elect", "sched", "--value", "node-2", "--", "sleep", "1"])
+        .spawn()
+        .expect("spawn elect");
+    for mut p in [first, second] {
+        assert_eq!(p.wait().expect("elect").code(), Some(0));
+    }
+    // The watch saw: nobody, node-1, nobody, node-2, nobody.
+    while values.len() < 5 {
+        values.push(next());
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let values: Vec<serde_json::Value> = values
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["value"].clone())
+        .collect();
+    let values: Vec<Option<&str>> = values.iter().map(|v| v.as_str()).collect();
+    assert_eq!(
+        values,
+        [None, Some("node-1"), None, Some("node-2"), None],
+        "{values:?}"
+    );
+}
+
 #[test]
 fn with_wait_the_second_runs_after_the_first_with_a_higher_fence() {
     let server = Leaseholdd::start();

@@ -303,6 +303,20 @@ pub enum Event {
         /// The holder's name.
         holder: Arc<str>,
     },
+    /// A holder saved a checkpoint with its key (an election's leader
+    /// proclaiming its value, for one).
+    CheckpointSaved {
+        /// The key.
+        key: Arc<str>,
+        /// The token of the hold that saved it.
+        fence: Fence,
+        /// The lease of that hold.
+        lease: LeaseId,
+        /// The holder's name.
+        holder: Arc<str>,
+        /// The bytes (empty: cleared).
+        data: Arc<[u8]>,
+    },
     /// A queued wait ended without a grant.
     WaitEnded {
         /// The key.

@@ -410,6 +410,9 @@ pub struct LockView {
     pub waiters: Vec<WaiterView>,
     /// Whether a checkpoint is stored.
     pub has_checkpoint: bool,
+    /// The checkpoint itself (not in JSON views: `has_checkpoint` says it is there).
+    #[serde(skip)]
+    pub checkpoint: Option<Checkpoint>,
     /// Lock-delay left after an expiry.
     pub delay_left_ms: u64,
 }
@@ -606,7 +609,9 @@ impl LockTable {
                 fence,
                 request_id,
             } => self.release_once(&key, fence, request_id, events),
-            Command::SaveCheckpoint { key, fence, data } => self.save_checkpoint(&key, fence, data),
+            Command::SaveCheckpoint { key, fence, data } => {
+                self.save_checkpoint(&key, fence, data, events)
+            }
             Command::Tick => Ok(Response::Ticked),
             Command::As { token: t, command } => {
                 self.authorize(t, &command)?;
@@ -1408,17 +1413,35 @@ impl LockTable {
         Ok(Response::Released)
     }
 
-    fn save_checkpoint(&mut self, key: &str, fence: Fence, data: Vec<u8>) -> Outcome {
+    fn save_checkpoint(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        data: Vec<u8>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         limits::validate_checkpoint(&data)?;
-        let (key, _) = self.held_by(key, fence)?;
-        let key = key.clone();
+        let (key, holding) = self.held_by(key, fence)?;
+        let (key, lease) = (key.clone(), holding.lease);
+        let data: Arc<[u8]> = data.into();
         if let Some(lock) = self.locks.get_mut(&key) {
             lock.extra_mut().checkpoint = (!data.is_empty()).then(|| Checkpoint {
-                data: data.into(),
+                data: data.clone(),
                 fence,
             });
             lock.shrink();
         }
+        let holder = self
+            .leases
+            .get(&lease)
+            .map_or_else(|| Arc::from(""), |l| l.holder.clone());
+        events.push(Event::CheckpointSaved {
+            key,
+            fence,
+            lease,
+            holder,
+            data,
+        });
         Ok(Response::CheckpointSaved)
     }
 
@@ -1614,6 +1637,7 @@ impl LockTable {
                 })
                 .collect(),
             has_checkpoint: lock.checkpoint().is_some(),
+            checkpoint: lock.checkpoint().cloned(),
             delay_left_ms: lock.delayed_until().map_or(0, |t| t.saturating_sub(now)),
         }
     }

@@ -549,6 +549,11 @@ impl Checker {
                 } => {
                     prop_assert_eq!(self.holders.remove(&**key), Some((*lease, *fence)));
                 }
+                Event::CheckpointSaved {
+                    key, fence, lease, ..
+                } => {
+                    prop_assert_eq!(self.holders.get(&**key), Some(&(*lease, *fence)));
+                }
                 Event::WaitEnded { .. }
                 | Event::LeaseExpired { .. }
                 | Event::AuthChanged { .. } => {}

@@ -958,16 +958,23 @@ pub struct Watch {
 /// What a watcher sees.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct WatchEvent {
-    /// `acquired`, `released` or `expired`.
+    /// `acquired`, `released`, `expired`, or `checkpoint` (a holder saved
+    /// one: an election's leader proclaiming its value, for one).
     pub kind: &'static str,
     /// The key.
     pub key: String,
-    /// The token of the hold that began or ended.
+    /// The token of the hold that began, ended or saved.
     pub fence: Fence,
     /// The lease of that hold.
     pub lease: LeaseId,
     /// Its holder's name.
     pub holder: String,
+    /// With `checkpoint`: the bytes saved.
+    #[serde(skip)]
+    pub data: Option<Vec<u8>>,
+    /// With `checkpoint`: the bytes saved, in base64 (HTTP).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_base64: Option<String>,
 }
 
 impl Watch {
@@ -986,7 +993,18 @@ impl Watch {
                     return Err(ConsensusError::Stopped("server stopping".into()).into())
                 }
             };
+            let mut data = None;
             let (kind, key, fence, lease, holder) = match event {
+                Event::CheckpointSaved {
+                    key,
+                    fence,
+                    lease,
+                    holder,
+                    data: saved,
+                } => {
+                    data = Some(saved.to_vec());
+                    ("checkpoint", key, fence, lease, holder)
+                }
                 Event::Acquired {
                     key,
                     fence,
@@ -1019,12 +1037,18 @@ impl Watch {
                 Access::Role(role) => role.permission(&key) >= Permission::Read,
             };
             if visible && key.starts_with(&self.prefix) {
+                use base64::Engine;
+                let data_base64 = data
+                    .as_ref()
+                    .map(|d| base64::engine::general_purpose::STANDARD.encode(d));
                 return Ok(WatchEvent {
                     kind,
                     key: key.to_string(),
                     fence,
                     lease,
                     holder: holder.to_string(),
+                    data,
+                    data_base64,
                 });
             }
         }

@@ -48,6 +48,7 @@
 
 pub mod backend;
 mod client;
+pub mod election;
 mod error;
 pub mod keeper;
 mod lease;
@@ -55,6 +56,7 @@ mod tls;
 
 pub use backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};
 pub use client::{Client, ClientBuilder, DEFAULT_ENDPOINT};
+pub use election::{Election, Leader, Leadership};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseHandle};
 pub use leasehold_core::Mode;

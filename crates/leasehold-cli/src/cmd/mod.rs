@@ -61,6 +61,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     grace,
                     lock_delay,
                     mode,
+                    proclaim: None,
                     forever: false,
                 },
                 &command,
@@ -76,7 +77,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => {
             let client = builder
                 .clone()
-                .holder(value)
+                .holder(value.clone())
                 .connect()
                 .await
                 .with_context(|| format!("connect to {}", cli.endpoint))?;
@@ -86,6 +87,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 grace,
                 lock_delay: std::time::Duration::ZERO,
                 mode: leasehold::Mode::Exclusive,
+                proclaim: Some(value),
                 forever: true,
             };
             run::run(&client, &name, options, &command).await
@@ -98,6 +100,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         } => hold::acquire(&client().await?, &key, ttl, wait, json).await,
         Command::Release { key, fence } => hold::release(&client().await?, &key, fence).await,
         Command::Status { prefix, json } => status::status(&client().await?, &prefix, json).await,
+        Command::Leader { name, watch, json } => {
+            status::leader(&client().await?, &name, watch, json).await
+        }
         Command::Bench {
             workload,
             clients,

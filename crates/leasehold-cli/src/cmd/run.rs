@@ -26,6 +26,9 @@ pub struct Options {
     pub grace: Duration,
     pub lock_delay: Duration,
     pub mode: leasehold::Mode,
+    /// Once granted, save this as the key's checkpoint (an election's value,
+    /// which `leasehold leader` shows).
+    pub proclaim: Option<String>,
     /// Keep waiting for the lock however long it takes (elections).
     pub forever: bool,
 }
@@ -47,7 +50,15 @@ async fn take(client: &Client, key: &str, o: &Options) -> anyhow::Result<Option<
             _ => client.try_acquire(key, opts.clone()).await,
         };
         match result {
-            Ok(lease) => return Ok(Some(lease)),
+            Ok(lease) => {
+                if let Some(value) = &o.proclaim {
+                    lease
+                        .save_checkpoint(value.as_bytes())
+                        .await
+                        .with_context(|| format!("proclaim {value:?} as the leader of {key}"))?;
+                }
+                return Ok(Some(lease));
+            }
             Err(Error::Timeout { .. }) if o.forever => continue,
             Err(Error::Held { holder, fence, .. }) => {
                 let fence = fence

@@ -60,6 +60,37 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
     Ok(0)
 }
 
+/// `leasehold leader NAME [--watch]`: the leader's value and token, then
+/// (with --watch) each change.
+pub async fn leader(
+    client: &Client,
+    name: &str,
+    watch: bool,
+    as_json: bool,
+) -> anyhow::Result<i32> {
+    let election = client.election(name);
+    let print = |leader: Option<leasehold::Leader>| match (leader, as_json) {
+        (Some(l), true) => println!(
+            "{}",
+            json!({"name": name, "value": String::from_utf8_lossy(&l.value), "fence": l.fence, "holder": l.holder})
+        ),
+        (None, true) => println!("{}", json!({"name": name, "value": null})),
+        (Some(l), false) => println!("{}  fence={}", String::from_utf8_lossy(&l.value), l.fence),
+        (None, false) => println!("(none)"),
+    };
+    if !watch {
+        let leader = election.leader().await.context("read the leader")?;
+        let found = leader.is_some();
+        print(leader);
+        return Ok(if found { 0 } else { 1 });
+    }
+    let mut changes = election.observe().await.context("observe")?;
+    while let Some(change) = changes.next().await {
+        print(change.context("observe")?);
+    }
+    Ok(0)
+}
+
 pub async fn watch(client: &Client, prefix: &str, as_json: bool) -> anyhow::Result<i32> {
     let mut events = client.watch(prefix).await.context("watch")?;
     while let Some(event) = events.next().await {

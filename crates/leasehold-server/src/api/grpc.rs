@@ -52,6 +52,8 @@ fn lock_info(key: &str, view: Option<LockView>) -> pb::LockInfo {
             })
             .collect(),
         has_checkpoint: v.has_checkpoint,
+        checkpoint_fence: v.checkpoint.as_ref().map_or(0, |c| c.fence),
+        checkpoint: v.checkpoint.map(|c| c.data.to_vec()),
         delay_left_ms: v.delay_left_ms,
     }
 }
@@ -256,6 +258,7 @@ impl Leasehold for Grpc {
                     let kind = match e.kind {
                         "acquired" => pb::lock_event::Kind::Acquired,
                         "released" => pb::lock_event::Kind::Released,
+                        "checkpoint" => pb::lock_event::Kind::Checkpoint,
                         _ => pb::lock_event::Kind::Expired,
                     };
                     let event = pb::LockEvent {
@@ -264,6 +267,7 @@ impl Leasehold for Grpc {
                         fence: e.fence,
                         lease_id: e.lease,
                         holder: e.holder,
+                        data: e.data.unwrap_or_default(),
                     };
                     Some((Ok(event), Some(watch)))
                 }

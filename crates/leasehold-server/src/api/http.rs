@@ -447,9 +447,18 @@ async fn describe_lock(Caller(s): Caller, Param(key): Param) -> Result<Json<Valu
         permits: 0,
         waiters: Vec::new(),
         has_checkpoint: false,
+        checkpoint: None,
         delay_left_ms: 0,
     });
-    Ok(Json(json!(view)))
+    let checkpoint = view.checkpoint.clone();
+    let mut out = json!(view);
+    // The checkpoint and who saved it: an election's value and its leader.
+    if let (Some(cp), Some(fields)) = (checkpoint, out.as_object_mut()) {
+        let data = base64::engine::general_purpose::STANDARD.encode(&cp.data);
+        fields.insert("checkpoint_base64".into(), json!(data));
+        fields.insert("checkpoint_fence".into(), json!(cp.fence));
+    }
+    Ok(Json(out))
 }
 
 #[derive(Deserialize)]

@@ -489,6 +489,7 @@ impl Backend for Leaseholdd {
                     .map(|h| (h.holder.clone(), h.fence))
                     .collect(),
                 permits: l.permits,
+                checkpoint: l.checkpoint.map(|data| (l.checkpoint_fence, data)),
             })
             .collect())
     }
@@ -513,12 +514,14 @@ impl Backend for Leaseholdd {
                         Ok(pb::lock_event::Kind::Acquired) => "acquired",
                         Ok(pb::lock_event::Kind::Released) => "released",
                         Ok(pb::lock_event::Kind::Expired) => "expired",
+                        Ok(pb::lock_event::Kind::Checkpoint) => "checkpoint",
                         _ => "unknown",
                     }
                     .to_string(),
                     key: e.key,
                     fence: e.fence,
                     holder: e.holder,
+                    data: e.data,
                 })
                 .map_err(|s| error("", s))
             })

@@ -181,12 +181,16 @@ pub struct LockStatus {
     pub holders: Vec<(String, Fence)>,
     /// A semaphore's size (0 for a lock).
     pub permits: u32,
+    /// The checkpoint stored with the key, and the token of the holder that
+    /// saved it (leaseholdd).
+    pub checkpoint: Option<(Fence, Vec<u8>)>,
 }
 
 /// A change to a lock, from `watch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockEvent {
-    /// `acquired`, `released` or `expired`.
+    /// `acquired`, `released`, `expired`, or `checkpoint` (the holder saved
+    /// one, in `data`).
     pub kind: String,
     /// The key.
     pub key: String,
@@ -194,6 +198,8 @@ pub struct LockEvent {
     pub fence: Fence,
     /// The holder's name.
     pub holder: String,
+    /// With `checkpoint`: the bytes saved (empty: cleared).
+    pub data: Vec<u8>,
 }
 
 /// A lock store. Each implementation is one file under `backend/`; all of them

@@ -18,6 +18,7 @@ tokens (:mod:`leasehold.fence`).
 from ._core import DEFAULT_ENDPOINT, MAX_PERMITS, Retry
 from .aio import AsyncClient, AsyncLease
 from .client import Client, Lease
+from .election import Election, Leader, Leadership
 from .errors import (
     Held,
     InvalidArgument,
@@ -41,9 +42,12 @@ __all__ = [
     "AsyncLease",
     "Client",
     "DEFAULT_ENDPOINT",
+    "Election",
     "FenceGate",
     "Held",
     "InvalidArgument",
+    "Leader",
+    "Leadership",
     "Lease",
     "LeaseExpired",
     "LeaseLost",

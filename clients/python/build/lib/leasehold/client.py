@@ -6,7 +6,7 @@ import base64
 import threading
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import httpx
 
@@ -23,6 +23,9 @@ from ._core import (
     default_holder,
     request_id,
 )
+
+if TYPE_CHECKING:
+    from .election import Election
 
 
 class Lease:
@@ -251,6 +254,12 @@ class Client:
     def semaphore(self, key: str, permits: int, ttl: Number = 15, *, wait: Optional[Number] = 30) -> Lease:
         """One of ``permits`` permits of the semaphore ``key``."""
         return self.lock(key, ttl, wait=wait, permits=permits)
+
+    def election(self, name: str) -> "Election":
+        """The election ``name``: campaign, observe, proclaim, resign."""
+        from .election import Election
+
+        return Election(self, name)
 
     def describe(self, key: str) -> Dict[str, Any]:
         """The lock as the server sees it: ``holders``, ``waiters``, ``permits`` ..."""

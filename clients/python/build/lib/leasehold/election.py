@@ -1,0 +1,155 @@
+"""Leader election on a lock: campaign, observe, proclaim, resign.
+
+An election is a key. Candidates wait in its FIFO queue; the one holding it
+leads while its lease lives, and its fencing token is the leadership's term.
+The leader's value is the key's checkpoint, saved under the leader's own
+token, so observers never mistake the previous leader's value for the new
+one's::
+
+    election = client.election("scheduler")
+    with election.campaign("node-3:9000", ttl=15) as leadership:
+        run_scheduler(fence=leadership.token())
+
+    for leader in election.observe():      # None while nobody leads
+        print(leader.value if leader else "(none)")
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Union
+
+import httpx
+
+from . import errors
+
+if TYPE_CHECKING:
+    from .client import Client, Lease
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads: the proclaimed value, the leader's token and holder name."""
+
+    raw: bytes
+    fence: int
+    holder: str
+
+    @property
+    def value(self) -> str:
+        return self.raw.decode("utf-8", errors="replace")
+
+
+class Leadership:
+    """This process leads: a lease on the election's key."""
+
+    def __init__(self, lease: "Lease") -> None:
+        self.lease = lease
+
+    def token(self) -> int:
+        """The leadership's fencing token; raises LeaseLost once it is lost."""
+        return self.lease.token()
+
+    @property
+    def lost(self):
+        """A ``threading.Event`` set when the leadership is lost."""
+        return self.lease.lost
+
+    def proclaim(self, value: Union[str, bytes]) -> None:
+        """Changes the value observers see, without a new election."""
+        self.lease.save_checkpoint(value)
+
+    def resign(self) -> None:
+        """Steps down: the next candidate in line leads."""
+        self.lease.release()
+
+    def __enter__(self) -> "Leadership":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lease.__exit__(*exc)
+
+
+class Election:
+    """The election ``name`` over a client; see :meth:`Client.election`."""
+
+    def __init__(self, client: "Client", name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def campaign(self, value: Union[str, bytes], ttl: float = 15, *, wait: Optional[float] = None) -> Leadership:
+        """Waits in line until this candidate leads (up to ``wait`` seconds;
+        ``None``: however long it takes), then proclaims ``value``."""
+        while True:
+            try:
+                lease = self.client.lock(self.name, ttl, wait=wait if wait else 3600)
+                break
+            except errors.WaitTimeout:
+                if wait:
+                    raise
+        try:
+            lease.save_checkpoint(value)
+        except BaseException:
+            try:
+                lease.release()
+            except errors.LeaseholdError:
+                pass
+            raise
+        return Leadership(lease)
+
+    def leader(self) -> Optional[Leader]:
+        """Who leads now, if the key's holder has proclaimed."""
+        return _leader_of(self.client.describe(self.name))
+
+    def observe(self) -> Iterator[Optional[Leader]]:
+        """The leader now, then every change: a :class:`Leader` when one
+        proclaims (a new leader, or a new value), ``None`` when the leader
+        goes. Runs until the generator is closed."""
+        http = self.client._http
+        url = self.client.endpoints.current() + "/v1/watch"
+        with http.stream("GET", url, params={"prefix": self.name}, timeout=httpx.Timeout(5.0, read=None)) as r:
+            if not r.is_success:
+                r.read()
+                raise errors.from_body(r.status_code, r.json())
+            # Subscribed: now read the state, so no change falls between.
+            view = self.client.describe(self.name)
+            holder = (view.get("holder") or {}).get("fence")
+            last = _leader_of(view)
+            yield last
+            kind, data = None, []
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    kind = line[len("event:") :].strip()
+                elif line.startswith("data:"):
+                    data.append(line[len("data:") :].strip())
+                elif line == "" and kind is not None:
+                    event = json.loads("\n".join(data)) if data else {}
+                    kind_now, kind, data = kind, None, []
+                    if kind_now == "error":
+                        raise errors.Unavailable(f"watch ended: {event}")
+                    if event.get("key") != self.name:
+                        continue
+                    fence = int(event.get("fence", 0))
+                    change: Any = _NOTHING
+                    if kind_now == "acquired" and (holder is None or fence > holder):
+                        holder, change = fence, None
+                    elif kind_now in ("released", "expired") and fence == holder:
+                        holder, change = None, None
+                    elif kind_now == "checkpoint" and fence == holder and event.get("data_base64"):
+                        change = Leader(base64.b64decode(event["data_base64"]), fence, str(event.get("holder", "")))
+                    if change is not _NOTHING and change != last:
+                        last = change
+                        yield change
+
+
+_NOTHING = object()
+
+
+def _leader_of(view: Dict[str, Any]) -> Optional[Leader]:
+    holder = view.get("holder") or {}
+    fence = holder.get("fence")
+    if fence is None or view.get("checkpoint_fence") != fence or "checkpoint_base64" not in view:
+        return None
+    return Leader(base64.b64decode(view["checkpoint_base64"]), int(fence), str(holder.get("holder", "")))
