@@ -283,3 +283,23 @@ def test_election_observe_sees_every_change(server):
     observer.join(10)
     assert seen == [None, "a:1", "a:2", None, "b:1", None]
     assert election.leader() is None
+
+
+def test_lock_sets_are_all_or_nothing(server):
+    a = leasehold.Client(server.url, holder="a")
+    b = leasehold.Client(server.url, holder="b")
+    y = a.try_lock("y", ttl=5)
+    with pytest.raises(leasehold.Held):
+        b.lock_set(["x", "y"], ttl=5, wait=None)
+    assert a.describe("x")["holder"] is None
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(s=b.lock_set(["y", "x"], ttl=5, wait=10)))
+    waiter.start()
+    time.sleep(0.2)
+    y.release()
+    waiter.join(10)
+    held = got["s"]
+    token = held.token()
+    assert a.describe("x")["holder"]["fence"] == token == a.describe("y")["holder"]["fence"]
+    held.release()
+    assert a.describe("x")["holder"] is None and a.describe("y")["holder"] is None

@@ -185,6 +185,26 @@ pub enum Command {
         /// Unix milliseconds.
         at_unix_ms: u64,
     },
+    /// Takes every key of a set under a lease, all or nothing, with one
+    /// fencing token for the whole set; or, when `wait_ms > 0`, waits in every
+    /// key's queue at once. The set is granted when it is first in line on
+    /// every key and every key is free; since a set joins all its queues in
+    /// one step, every two waiters are in the same order on every key they
+    /// share, so sets never wait for each other in a cycle. A release of any
+    /// of its keys (by the set's token) releases them all.
+    AcquireSet {
+        /// The lease the locks hang off.
+        lease: LeaseId,
+        /// The keys (1 ..= [`MAX_SET_KEYS`](crate::limits::MAX_SET_KEYS); the
+        /// order does not matter, duplicates count once).
+        keys: Vec<String>,
+        /// 0: answer at once. Otherwise queue for up to this long.
+        wait_ms: u64,
+        /// Lock-delay after an expiry of this hold (0 for none).
+        lock_delay_ms: u64,
+        /// Client request id for safe retries (0 for none).
+        request_id: RequestId,
+    },
 }
 
 /// Bytes a holder saved with its lock.

@@ -18,6 +18,8 @@ pub const MAX_WAIT_MS: u64 = 60 * 60 * 1000;
 pub const MAX_CHECKPOINT_LEN: usize = 64 * 1024;
 /// Most permits a semaphore may have.
 pub const MAX_PERMITS: u32 = 10_000;
+/// Most keys in one lock set.
+pub const MAX_SET_KEYS: usize = 64;
 
 /// Checks a lock key: 1..=512 bytes of UTF-8 with no control characters.
 pub fn validate_key(key: &str) -> Result<(), LockError> {
@@ -36,6 +38,23 @@ pub fn validate_mode(mode: crate::Mode) -> Result<(), LockError> {
         )),
         _ => Ok(()),
     }
+}
+
+/// Checks a lock set's keys; answers them sorted, each once.
+pub fn validate_set(keys: &[String]) -> Result<Vec<String>, LockError> {
+    if keys.is_empty() || keys.len() > MAX_SET_KEYS {
+        return Err(LockError::invalid(
+            "keys",
+            format!("has {}; a set has 1 ..= {MAX_SET_KEYS} keys", keys.len()),
+        ));
+    }
+    for key in keys {
+        validate_key(key)?;
+    }
+    let mut keys = keys.to_vec();
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys)
 }
 
 /// Text of at most `max` bytes with no control characters.

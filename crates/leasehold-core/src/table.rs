@@ -61,6 +61,9 @@ enum Asked {
         key: Arc<str>,
         mode: Mode,
     },
+    AcquireSet {
+        keys: Arc<[Arc<str>]>,
+    },
     Release {
         key: Arc<str>,
     },
@@ -85,6 +88,7 @@ impl std::fmt::Display for Asked {
             Asked::Acquire { key, mode } => {
                 write!(f, "an acquire ({}) of {key:?}", mode.name())
             }
+            Asked::AcquireSet { keys } => write!(f, "an acquire of the set {keys:?}"),
             Asked::Release { key } => write!(f, "a release of {key:?}"),
         }
     }
@@ -165,7 +169,12 @@ pub struct LockTable {
     answered_order: VecDeque<(Time, Caller, RequestId)>,
     /// Roles, tokens and the audit trail.
     auth: AuthState,
+    /// Held lock sets, by their one token: the keys held with it.
+    sets: BTreeMap<Fence, Set>,
 }
+
+/// A lock set's keys, sorted, each once.
+type Set = Arc<[Arc<str>]>;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Lease {
@@ -200,6 +209,7 @@ struct Restored {
     answered: Answers,
     answered_order: VecDeque<(Time, Caller, RequestId)>,
     auth: AuthState,
+    sets: BTreeMap<Fence, Set>,
 }
 
 impl From<Restored> for LockTable {
@@ -231,6 +241,7 @@ impl From<Restored> for LockTable {
             answered: r.answered,
             answered_order: r.answered_order,
             auth: r.auth,
+            sets: r.sets,
         }
     }
 }
@@ -377,6 +388,9 @@ struct Holding {
 struct Waiter {
     lease: LeaseId,
     mode: Mode,
+    /// A lock set's wait: it is in every one of these keys' queues, and is
+    /// granted all of them at once.
+    set: Option<Set>,
     deadline: Time,
     lock_delay_ms: u64,
     request_id: RequestId,
@@ -488,6 +502,7 @@ impl LockTable {
             answered: Answers::default(),
             answered_order: VecDeque::new(),
             auth: AuthState::default(),
+            sets: BTreeMap::new(),
         }
     }
 
@@ -613,6 +628,13 @@ impl LockTable {
                 self.save_checkpoint(&key, fence, data, events)
             }
             Command::Tick => Ok(Response::Ticked),
+            Command::AcquireSet {
+                lease,
+                keys,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+            } => self.acquire_set_once(lease, &keys, (wait_ms, lock_delay_ms), request_id, events),
             Command::As { token: t, command } => {
                 self.authorize(t, &command)?;
                 self.run(*command, t, events)
@@ -687,6 +709,12 @@ impl LockTable {
                 self.auth.check(t, key, Permission::Lock)?;
                 own(*lease)
             }
+            Command::AcquireSet { lease, keys, .. } => {
+                for key in keys {
+                    self.auth.check(t, key, Permission::Lock)?;
+                }
+                own(*lease)
+            }
             Command::GrantAndAcquire { key, .. }
             | Command::Release { key, .. }
             | Command::SaveCheckpoint { key, .. } => self.auth.check(t, key, Permission::Lock),
@@ -738,14 +766,8 @@ impl LockTable {
             if deadline > now {
                 break;
             }
-            self.remove_waiter(&key, lease);
-            events.push(Event::WaitEnded {
-                key: key.clone(),
-                lease,
-                reason: WaitEnd::TimedOut,
-            });
             // Those behind it may be admitted now (readers behind a writer).
-            self.advance_queue(&key, events);
+            self.withdraw(&key, lease, WaitEnd::TimedOut, true, events);
         }
         while let Some((deadline, key)) = self.delay_deadlines.first().cloned() {
             if deadline > now {
@@ -790,13 +812,7 @@ impl LockTable {
             // Clears the deadline entry with the holding.
             let _ = self.release(key, fence, events);
             self.forget(Caller::Lease(lease), request_id);
-        } else if self.remove_waiter(key, lease).is_some() {
-            events.push(Event::WaitEnded {
-                key: key.clone(),
-                lease,
-                reason: WaitEnd::Abandoned,
-            });
-            self.advance_queue(key, events);
+        } else if self.withdraw(key, lease, WaitEnd::Abandoned, true, events) {
         } else {
             self.attach_deadlines
                 .retain(|(_, k, l)| !(k == key && *l == lease));
@@ -956,12 +972,7 @@ impl LockTable {
         };
         self.lease_deadlines.remove(&(lease.deadline, id));
         for key in &lease.waiting {
-            self.remove_waiter(key, id);
-            events.push(Event::WaitEnded {
-                key: key.clone(),
-                lease: id,
-                reason: WaitEnd::LeaseGone,
-            });
+            self.withdraw(key, id, WaitEnd::LeaseGone, false, events);
         }
         let mut released = Vec::with_capacity(lease.held.len());
         for key in &lease.held {
@@ -971,6 +982,8 @@ impl LockTable {
             let Some(holding) = lock.take_holding(id) else {
                 continue;
             };
+            // Every key of a set this lease held is released here too.
+            self.sets.remove(&holding.fence);
             if let Some(t) = holding.attach_by {
                 self.attach_deadlines.remove(&(t, key.clone(), id));
             }
@@ -1139,6 +1152,15 @@ impl LockTable {
                     .enumerate()
                     .find(|(_, w)| w.lease == lease_id)
             });
+            if let Some((_, w)) = waiting.filter(|(_, w)| w.set.is_some()) {
+                return Err(LockError::invalid(
+                    "key",
+                    format!(
+                        "lease {lease_id} waits for {key:?} as part of the set {:?}",
+                        w.set.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
             if let Some((_, w)) = waiting.filter(|(_, w)| w.mode != ask.mode) {
                 return Err(LockError::invalid(
                     "mode",
@@ -1173,6 +1195,7 @@ impl LockTable {
                     lock.extra_mut().waiters.push_back(Waiter {
                         lease: lease_id,
                         mode: ask.mode,
+                        set: None,
                         deadline,
                         lock_delay_ms: ask.lock_delay_ms,
                         request_id: ask.request_id,
@@ -1207,6 +1230,22 @@ impl LockTable {
     }
 
     fn busy_error(&self, key: &str, lock: &Lock) -> LockError {
+        let name = |lease: LeaseId| {
+            self.leases
+                .get(&lease)
+                .map_or_else(String::new, |l| l.holder.to_string())
+        };
+        // Free, but a lock set waits first in line for it (and for keys
+        // that are not free yet): the set is next.
+        if let (None, None, Some(w)) = (&lock.holder, lock.delayed_until(), lock.waiters().front())
+        {
+            return LockError::Held {
+                key: key.to_string(),
+                holder: format!("{} (next in line, for a lock set)", name(w.lease)),
+                lease: w.lease,
+                fence: 0,
+            };
+        }
         match &lock.holder {
             Some(h) => LockError::Held {
                 key: key.to_string(),
@@ -1273,6 +1312,20 @@ impl LockTable {
             if lock.delayed_until().is_some() {
                 return;
             }
+            // A set's wait first in line is granted every key at once, when
+            // it is first on all of them and all are free; until then it
+            // holds this key's line.
+            if let Some((lease, set)) = lock
+                .waiters()
+                .front()
+                .and_then(|w| Some((w.lease, w.set.clone()?)))
+            {
+                if !self.set_ready(&set, lease) {
+                    return;
+                }
+                self.grant_set_from_queue(&set, lease, events);
+                continue;
+            }
             // Every queued waiter is live: waits leave the queue when they
             // time out or their lease ends.
             let admitted = lock.waiters().front().is_some_and(|w| lock.admits(w.mode));
@@ -1314,8 +1367,283 @@ impl LockTable {
         }
     }
 
-    /// Takes a lease's wait out of a key's queue; returns its request id.
-    fn remove_waiter(&mut self, key: &Arc<str>, lease_id: LeaseId) -> Option<RequestId> {
+    // ---- lock sets ----
+
+    fn acquire_set_once(
+        &mut self,
+        lease_id: LeaseId,
+        keys: &[String],
+        (wait_ms, lock_delay_ms): (u64, u64),
+        request_id: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        let keys = limits::validate_set(keys)?;
+        limits::validate_wait(wait_ms, lock_delay_ms)?;
+        self.live_lease(lease_id)?;
+        // The table's own keys where it has them, so a set shares them.
+        let set: Set = keys
+            .iter()
+            .map(|k| {
+                self.locks
+                    .get_key_value(k.as_str())
+                    .map_or_else(|| Arc::from(k.as_str()), |(k, _)| k.clone())
+            })
+            .collect();
+        let asked = Asked::AcquireSet { keys: set.clone() };
+        let caller = Caller::Lease(lease_id);
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
+            for key in set.iter() {
+                self.reattach(key, lease_id);
+            }
+            return Ok(first);
+        }
+        let response =
+            self.acquire_set(lease_id, set, (wait_ms, lock_delay_ms), request_id, events)?;
+        if let Response::Acquired(_) = &response {
+            self.remember(caller, request_id, asked, response.clone());
+        }
+        Ok(response)
+    }
+
+    fn acquire_set(
+        &mut self,
+        lease_id: LeaseId,
+        set: Set,
+        (wait_ms, lock_delay_ms): (u64, u64),
+        request_id: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        let lease = self.live_lease(lease_id)?;
+        // Asking again for a set this lease holds, or waits for, is answered
+        // with it; a key it holds or waits for otherwise is refused (it
+        // would wait for itself).
+        let held_as_set = self
+            .locks
+            .get(&set[0])
+            .and_then(|l| l.holding_of(lease_id))
+            .map(|h| h.fence)
+            .filter(|fence| self.sets.get(fence) == Some(&set));
+        if let Some(fence) = held_as_set {
+            for key in set.iter() {
+                self.reattach(key, lease_id);
+            }
+            return Ok(Response::Acquired(Grant {
+                lease: lease_id,
+                fence,
+                checkpoint: None,
+            }));
+        }
+        let waits_as_set = set.iter().all(|k| {
+            self.locks.get(k).is_some_and(|l| {
+                l.waiters()
+                    .iter()
+                    .any(|w| w.lease == lease_id && w.set.as_ref() == Some(&set))
+            })
+        });
+        if waits_as_set {
+            for key in set.iter() {
+                self.reattach(key, lease_id);
+            }
+            let position = self.locks.get(&set[0]).map_or(0, |l| {
+                l.waiters()
+                    .iter()
+                    .position(|w| w.lease == lease_id)
+                    .unwrap_or(0)
+            });
+            return Ok(Response::Queued {
+                lease: lease_id,
+                position,
+            });
+        }
+        if let Some(key) = set
+            .iter()
+            .find(|k| lease.held.contains(&***k) || lease.waiting.contains(&***k))
+        {
+            return Err(LockError::invalid(
+                "keys",
+                format!("lease {lease_id} already holds or waits for {key:?}"),
+            ));
+        }
+        let mut busy = None;
+        for key in set.iter() {
+            if let Some(lock) = self.locks.get(key) {
+                self.check_kind(key, lock, Mode::Exclusive)?;
+                if busy.is_none() && !Self::free(lock, Mode::Exclusive) {
+                    busy = Some(self.busy_error(key, lock));
+                }
+            }
+        }
+        let Some(busy) = busy else {
+            let grant = self.grant_set(&set, lease_id, lock_delay_ms, |_| None, None, events);
+            return Ok(Response::Acquired(grant));
+        };
+        if wait_ms == 0 {
+            return Err(busy);
+        }
+        let deadline = self.now.saturating_add(wait_ms);
+        let mut position = 0;
+        for (i, key) in set.iter().enumerate() {
+            let lock = self.locks.entry(key.clone()).or_default();
+            if i == 0 {
+                position = lock.waiters().len();
+            }
+            lock.extra_mut().waiters.push_back(Waiter {
+                lease: lease_id,
+                mode: Mode::Exclusive,
+                set: Some(set.clone()),
+                deadline,
+                lock_delay_ms,
+                request_id,
+                attach_by: None,
+            });
+            self.wait_deadlines
+                .insert((deadline, key.clone(), lease_id));
+            if let Some(lease) = self.leases.get_mut(&lease_id) {
+                lease.waiting.insert(key.clone());
+            }
+        }
+        Ok(Response::Queued {
+            lease: lease_id,
+            position,
+        })
+    }
+
+    /// Whether `lease`'s set wait is first in line on every key of `set`,
+    /// and every key is free (no holder, no lock-delay).
+    fn set_ready(&self, set: &Set, lease: LeaseId) -> bool {
+        set.iter().all(|k| {
+            self.locks.get(k).is_some_and(|l| {
+                l.holder.is_none()
+                    && l.delayed_until().is_none()
+                    && l.waiters().front().is_some_and(|w| w.lease == lease)
+            })
+        })
+    }
+
+    /// Takes a ready set wait out of every queue and grants it.
+    fn grant_set_from_queue(&mut self, set: &Set, lease_id: LeaseId, events: &mut Vec<Event>) {
+        let mut attach = Vec::with_capacity(set.len());
+        let (mut lock_delay_ms, mut request_id) = (0, 0);
+        for key in set.iter() {
+            let Some(waiter) = self
+                .locks
+                .get_mut(key)
+                .and_then(|l| l.extra.as_mut())
+                .and_then(|e| e.waiters.pop_front())
+            else {
+                continue;
+            };
+            self.wait_deadlines
+                .remove(&(waiter.deadline, key.clone(), lease_id));
+            if let Some(lease) = self.leases.get_mut(&lease_id) {
+                lease.waiting.remove(key);
+            }
+            (lock_delay_ms, request_id) = (waiter.lock_delay_ms, waiter.request_id);
+            attach.push(waiter.attach_by);
+        }
+        let grant = self.grant_set(
+            set,
+            lease_id,
+            lock_delay_ms,
+            |i| attach.get(i).copied().flatten(),
+            Some(request_id),
+            events,
+        );
+        self.remember(
+            Caller::Lease(lease_id),
+            request_id,
+            Asked::AcquireSet { keys: set.clone() },
+            Response::Acquired(grant),
+        );
+    }
+
+    /// Gives every key of a set (each free) to a lease, with one fresh token.
+    /// `attach_by(i)` is the attach deadline carried over to the i-th key.
+    fn grant_set(
+        &mut self,
+        set: &Set,
+        lease_id: LeaseId,
+        lock_delay_ms: u64,
+        attach_by: impl Fn(usize) -> Option<Time>,
+        from_wait: Option<RequestId>,
+        events: &mut Vec<Event>,
+    ) -> Grant {
+        let fence = self.next_fence;
+        self.next_fence += 1;
+        let holder = self
+            .leases
+            .get(&lease_id)
+            .map_or_else(|| Arc::from(""), |l| l.holder.clone());
+        for (i, key) in set.iter().enumerate() {
+            let lock = self.locks.entry(key.clone()).or_default();
+            lock.add_holding(Holding {
+                lease: lease_id,
+                fence,
+                mode: Mode::Exclusive,
+                lock_delay_ms,
+                from_wait,
+                attach_by: attach_by(i),
+            });
+            lock.shrink();
+            let checkpoint = lock.checkpoint().cloned();
+            if let Some(lease) = self.leases.get_mut(&lease_id) {
+                lease.held.insert(key.clone());
+            }
+            events.push(Event::Acquired {
+                key: key.clone(),
+                fence,
+                lease: lease_id,
+                holder: holder.clone(),
+                checkpoint,
+            });
+        }
+        self.sets.insert(fence, set.clone());
+        Grant {
+            lease: lease_id,
+            fence,
+            checkpoint: None,
+        }
+    }
+
+    /// Ends `lease_id`'s wait for `key` (for every key of its set, if it is a
+    /// set's), telling why; with `advance`, hands each key to whoever is next.
+    /// False if it was not waiting.
+    fn withdraw(
+        &mut self,
+        key: &Arc<str>,
+        lease_id: LeaseId,
+        reason: WaitEnd,
+        advance: bool,
+        events: &mut Vec<Event>,
+    ) -> bool {
+        let Some(waiter) = self.take_waiter(key, lease_id) else {
+            return false;
+        };
+        let mut keys = vec![key.clone()];
+        for other in waiter.set.iter().flat_map(|s| s.iter()) {
+            if other != key && self.take_waiter(other, lease_id).is_some() {
+                keys.push(other.clone());
+            }
+        }
+        for k in &keys {
+            events.push(Event::WaitEnded {
+                key: k.clone(),
+                lease: lease_id,
+                reason,
+            });
+        }
+        for k in &keys {
+            if advance {
+                self.advance_queue(k, events);
+            } else {
+                self.drop_if_empty(k);
+            }
+        }
+        true
+    }
+
+    /// Takes a lease's wait out of one key's queue.
+    fn take_waiter(&mut self, key: &Arc<str>, lease_id: LeaseId) -> Option<Waiter> {
         let lock = self.locks.get_mut(key)?;
         let at = lock.waiters().iter().position(|w| w.lease == lease_id)?;
         let waiter = lock.extra_mut().waiters.remove(at)?;
@@ -1328,7 +1656,7 @@ impl LockTable {
         if let Some(lease) = self.leases.get_mut(&lease_id) {
             lease.waiting.remove(key);
         }
-        Some(waiter.request_id)
+        Some(waiter)
     }
 
     fn drop_if_empty(&mut self, key: &Arc<str>) {
@@ -1357,13 +1685,8 @@ impl LockTable {
             self.release(&key, fence, events)?;
             // A retry of this wait must not be answered with the grant taken back.
             self.forget(Caller::Lease(lease_id), request_id);
-        } else if self.remove_waiter(&key, lease_id).is_some() {
-            events.push(Event::WaitEnded {
-                key: key.clone(),
-                lease: lease_id,
-                reason: WaitEnd::Cancelled,
-            });
-            self.advance_queue(&key, events);
+        } else {
+            self.withdraw(&key, lease_id, WaitEnd::Cancelled, true, events);
         }
         Ok(Response::WaitCancelled)
     }
@@ -1388,6 +1711,23 @@ impl LockTable {
     }
 
     fn release(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
+        self.held_by(key, fence)?;
+        // A set is released together, by any of its keys.
+        let keys: Vec<Arc<str>> = match self.sets.remove(&fence) {
+            Some(set) => set.to_vec(),
+            None => vec![Arc::from(key)],
+        };
+        for k in &keys {
+            self.release_one(k, fence, events)?;
+        }
+        for k in &keys {
+            self.advance_queue(k, events);
+        }
+        Ok(Response::Released)
+    }
+
+    /// Frees one key held with `fence`, without handing it on.
+    fn release_one(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
         let (key, holding) = self.held_by(key, fence)?;
         let (key, lease_id, attach_by) = (key.clone(), holding.lease, holding.attach_by);
         if let Some(t) = attach_by {
@@ -1409,7 +1749,6 @@ impl LockTable {
             lease: lease_id,
             holder,
         });
-        self.advance_queue(&key, events);
         Ok(Response::Released)
     }
 
@@ -1685,8 +2024,12 @@ impl LockTable {
                 ));
             }
             if let Some(w) = lock.waiters().front() {
-                if lock.admits(w.mode) && lock.delayed_until().is_none() {
-                    return Err(format!("{key:?} keeps a waiter its holders admit"));
+                let ready = match &w.set {
+                    Some(set) => self.set_ready(set, w.lease),
+                    None => lock.admits(w.mode) && lock.delayed_until().is_none(),
+                };
+                if ready {
+                    return Err(format!("{key:?} keeps a waiter it could grant"));
                 }
             }
             if lock.extra.is_some()
@@ -1754,6 +2097,20 @@ impl LockTable {
         }
         if self.attach_deadlines.len() != detached {
             return Err("stray attach deadlines".into());
+        }
+        for (fence, set) in &self.sets {
+            let mut leases = BTreeSet::new();
+            for key in set.iter() {
+                let holding = self
+                    .locks
+                    .get(key)
+                    .and_then(|l| l.holders().find(|h| h.fence == *fence))
+                    .ok_or(format!("set {fence} is not held on {key:?}"))?;
+                leases.insert(holding.lease);
+            }
+            if leases.len() != 1 {
+                return Err(format!("set {fence} is held by several leases"));
+            }
         }
         if self.lease_deadlines.len() != self.leases.len() {
             return Err("stray lease deadlines".into());

@@ -117,6 +117,33 @@ pub struct AcquireArgs {
     pub request_id: RequestId,
     /// How the hold shares the key.
     pub mode: Mode,
+    /// A lock set: every one of these keys, all or nothing, with one token
+    /// (then `key` is ignored and `mode` must be exclusive). Empty for one key.
+    pub set: Vec<String>,
+}
+
+impl AcquireArgs {
+    /// The command that acquires (or re-attaches to the wait) under `lease`.
+    fn command(&self, lease: LeaseId) -> Command {
+        if self.set.is_empty() {
+            Command::Acquire {
+                lease,
+                key: self.key.clone(),
+                wait_ms: self.wait_ms,
+                lock_delay_ms: self.lock_delay_ms,
+                request_id: self.request_id,
+                mode: self.mode,
+            }
+        } else {
+            Command::AcquireSet {
+                lease,
+                keys: self.set.clone(),
+                wait_ms: self.wait_ms,
+                lock_delay_ms: self.lock_delay_ms,
+                request_id: self.request_id,
+            }
+        }
+    }
 }
 
 /// A bug planted on purpose, for a simulation to show that its checker
@@ -389,18 +416,14 @@ impl LockService {
     /// for it that ends without a grant revokes that lease.
     pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
         self.measured("acquire", async move {
+            if !args.set.is_empty() {
+                return self.acquire_set(args).await;
+            }
             limits::validate_key(&args.key)?;
             limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
             limits::validate_mode(args.mode)?;
             let command = match &args.lease {
-                LeaseSpec::Existing(lease) => Command::Acquire {
-                    lease: *lease,
-                    key: args.key.clone(),
-                    wait_ms: args.wait_ms,
-                    lock_delay_ms: args.lock_delay_ms,
-                    request_id: args.request_id,
-                    mode: args.mode,
-                },
+                LeaseSpec::Existing(lease) => args.command(*lease),
                 LeaseSpec::New { ttl_ms, holder } => {
                     limits::validate_ttl(*ttl_ms)?;
                     limits::validate_holder(holder)?;
@@ -443,19 +466,62 @@ impl LockService {
         .await
     }
 
-    /// Acquires `args.key` under `lease` as a wait: registers for the
-    /// outcome, proposes the acquire (the same request again, if it was
-    /// proposed before: that re-attaches to the wait and answers a grant that
-    /// came in between), and listens.
-    async fn wait(&self, lease: LeaseId, args: &AcquireArgs) -> Result<Grant, ApiError> {
-        let command = Command::Acquire {
-            lease,
-            key: args.key.clone(),
-            wait_ms: args.wait_ms,
-            lock_delay_ms: args.lock_delay_ms,
-            request_id: args.request_id,
-            mode: args.mode,
+    /// A lock set: every key of `args.set`, all or nothing, one token. A
+    /// new lease for it is granted first, and revoked if the set is not
+    /// granted; a wait listens on the set's first key, since every key of
+    /// a set is granted in one step.
+    async fn acquire_set(&self, mut args: AcquireArgs) -> Result<Grant, ApiError> {
+        if !args.key.is_empty() {
+            return Err(ApiError::invalid(
+                "key",
+                "give one `key`, or a set of `keys`, not both",
+            ));
+        }
+        args.set = limits::validate_set(&args.set)?;
+        args.key = args.set[0].clone();
+        limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
+        if args.mode != Mode::Exclusive {
+            return Err(ApiError::invalid(
+                "mode",
+                "a lock set is held exclusively, with one token",
+            ));
+        }
+        let (lease, made) = match &args.lease {
+            LeaseSpec::Existing(lease) => (*lease, false),
+            LeaseSpec::New { ttl_ms, holder } => {
+                let grant = Command::Grant {
+                    ttl_ms: *ttl_ms,
+                    holder: holder.clone(),
+                    request_id: args.request_id,
+                };
+                match self.propose_as(grant).await? {
+                    Response::LeaseGranted { lease, .. } => (lease, true),
+                    other => return Err(unexpected(other)),
+                }
+            }
         };
+        let result = if args.wait_ms == 0 {
+            match self.propose_as(args.command(lease)).await {
+                Ok(Response::Acquired(grant)) => Ok(grant),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.wait(lease, &args).await
+        };
+        if made && result.is_err() {
+            // Made for this set alone: do not leave it behind.
+            let _ = self.propose(Command::Revoke { lease }).await;
+        }
+        result
+    }
+
+    /// Acquires `args.key` (or the set `args.set`) under `lease` as a wait:
+    /// registers for the outcome, proposes the acquire (the same request
+    /// again, if it was proposed before: that re-attaches to the wait and
+    /// answers a grant that came in between), and listens.
+    async fn wait(&self, lease: LeaseId, args: &AcquireArgs) -> Result<Grant, ApiError> {
+        let command = args.command(lease);
         let hub = self.consensus.hub().clone();
         let outcome = hub.wait_for(lease, &args.key);
         let attempt = hub.attempt_begin(lease, &args.key, args.request_id);

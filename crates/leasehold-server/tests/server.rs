@@ -703,3 +703,73 @@ async fn semaphores_and_readers_over_http_and_grpc() {
     assert_eq!(info.holders.len(), 2);
     assert!(info.holders.iter().all(|h| h.mode() == pb::Mode::Shared));
 }
+
+/// A lock set over HTTP: one token for every key; a refused set leaves no
+/// lease and no key behind; a wait for a set is granted when the last of
+/// its keys is released.
+#[tokio::test]
+async fn lock_sets_over_http() {
+    let server = Leaseholdd::start();
+    let (s, first) = post(
+        &server,
+        "/v1/acquire",
+        json!({"keys": ["q", "p"], "ttl_ms": 5000, "holder": "a"}),
+    )
+    .await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["keys"], json!(["p", "q"]));
+    let fence = first["fence"].as_u64().expect("fence");
+    for key in ["p", "q"] {
+        let (_, view) = get(&server, &format!("/v1/locks/{key}")).await;
+        assert_eq!(view["holder"]["fence"], fence);
+    }
+    let (s, refused) = post(
+        &server,
+        "/v1/acquire",
+        json!({"keys": ["q", "r"], "ttl_ms": 5000, "holder": "b"}),
+    )
+    .await;
+    assert_eq!(
+        (s, &refused["error"]["code"]),
+        (409, &json!("held")),
+        "{refused}"
+    );
+    let (_, leases) = get(&server, "/v1/leases").await;
+    assert_eq!(
+        leases["leases"].as_array().map(Vec::len),
+        Some(1),
+        "{leases}"
+    );
+    let (_, r) = get(&server, "/v1/locks/r").await;
+    assert!(r["holder"].is_null(), "{r}");
+
+    let url = server.url();
+    let waiter = tokio::spawn(async move {
+        let r = reqwest::Client::new()
+            .post(format!("{url}/v1/acquire"))
+            .json(&json!({"keys": ["q", "r"], "ttl_ms": 5000, "holder": "b", "wait_ms": 10000}))
+            .send()
+            .await
+            .expect("http");
+        r.json::<Value>().await.expect("json")
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (s, _) = post(&server, "/v1/release", json!({"key": "p", "fence": fence})).await;
+    assert_eq!(s, 200);
+    let granted = waiter.await.expect("waiter");
+    assert!(granted["fence"].as_u64() > Some(fence), "{granted}");
+    let (_, p) = get(&server, "/v1/locks/p").await;
+    assert!(
+        p["holder"].is_null(),
+        "releasing p released the whole set: {p}"
+    );
+
+    for bad in [
+        json!({"key": "a", "keys": ["b"], "ttl_ms": 5000}),
+        json!({"keys": [], "ttl_ms": 5000}),
+        json!({"keys": ["a"], "mode": "shared", "ttl_ms": 5000}),
+    ] {
+        let (s, body) = post(&server, "/v1/acquire", bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {body}");
+    }
+}

@@ -229,6 +229,7 @@ impl SimClient {
                 lock_delay_ms: 0,
                 request_id: request_id(),
                 mode: leasehold_core::Mode::Exclusive,
+                set: Vec::new(),
             };
             let answer = caller
                 .call(

@@ -183,6 +183,34 @@ impl Client {
         Ok(Lease::new(key, self.backend.name(), acquired))
     }
 
+    /// Takes every key of `keys` at once, all or nothing, with one fencing
+    /// token for the set (leaseholdd): at once when `wait` is false, else
+    /// waiting up to `opts.wait` in every key's queue at once (the server
+    /// orders sets, so two sets never wait for each other). The lease's
+    /// `key()` is the keys joined with `,`; its release releases them all.
+    pub async fn acquire_set(&self, keys: &[&str], opts: LockOptions, wait: bool) -> Result<Lease> {
+        let Some(first) = keys.first() else {
+            return Err(Error::InvalidArgument(
+                "a lock set needs at least one key".into(),
+            ));
+        };
+        self.validate(first, &opts)?;
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        leasehold_core::limits::validate_set(&keys)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        if opts.mode != Mode::Exclusive {
+            return Err(Error::InvalidArgument(
+                "a lock set is held exclusively, with one token".into(),
+            ));
+        }
+        let wait = wait.then_some(opts.wait);
+        let acquired = self
+            .backend
+            .acquire_set(&keys, &self.holder, &opts, wait)
+            .await?;
+        Ok(Lease::new(&keys.join(","), self.backend.name(), acquired))
+    }
+
     /// Takes `key` (waiting as `acquire` does), runs `body` with the lease, and
     /// releases. If the lease is lost first, `body` is cancelled (dropped at its
     /// next `.await`) and this returns [`Error::LeaseLost`].

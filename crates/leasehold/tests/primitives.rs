@@ -194,3 +194,122 @@ async fn other_stores_refuse_shared_holds_and_semaphores() {
         ),
     }
 }
+
+/// Transfers between accounts, each taking its two or three accounts as one
+/// lock set in random order: no account is ever in two transfers at once,
+/// the total is kept, and nobody deadlocks (every worker finishes).
+#[tokio::test]
+async fn lock_sets_move_money_between_accounts_without_overlap_or_deadlock() {
+    const ACCOUNTS: usize = 5;
+    let server = Leaseholdd::start();
+    let balances = Arc::new(Mutex::new(vec![100i64; ACCOUNTS]));
+    let busy = Arc::new(Mutex::new(vec![false; ACCOUNTS]));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for w in 0..8u64 {
+        let url = server.url();
+        let (balances, busy, overlaps) = (balances.clone(), busy.clone(), overlaps.clone());
+        workers.push(tokio::spawn(async move {
+            let client = Client::builder(&url)
+                .holder(format!("w{w}"))
+                .connect()
+                .await
+                .expect("connect");
+            for round in 0..10u64 {
+                // Two or three accounts, listed in an order of this worker's.
+                let pick = (w * 7 + round * 3) as usize;
+                let mut ids = vec![pick % ACCOUNTS, (pick + 1 + w as usize) % ACCOUNTS];
+                if round % 2 == 0 {
+                    ids.push((pick + 3) % ACCOUNTS);
+                }
+                ids.dedup();
+                if w % 2 == 1 {
+                    ids.reverse();
+                }
+                let names: Vec<String> = ids.iter().map(|i| format!("acct/{i}")).collect();
+                let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+                let lease = client
+                    .acquire_set(&keys, opts(), true)
+                    .await
+                    .expect("the set");
+                {
+                    let mut b = busy.lock().expect("busy");
+                    if ids.iter().any(|i| b[*i]) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    ids.iter().for_each(|i| b[*i] = true);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                {
+                    let mut bal = balances.lock().expect("balances");
+                    let (from, to) = (ids[0], ids[ids.len() - 1]);
+                    bal[from] -= 7;
+                    bal[to] += 7;
+                }
+                {
+                    let mut b = busy.lock().expect("busy");
+                    ids.iter().for_each(|i| b[*i] = false);
+                }
+                lease.release().await.expect("release");
+            }
+        }));
+    }
+    for w in workers {
+        tokio::time::timeout(Duration::from_secs(60), w)
+            .await
+            .expect("no deadlock")
+            .expect("worker");
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    let total: i64 = balances.lock().expect("balances").iter().sum();
+    assert_eq!(total, 100 * ACCOUNTS as i64);
+}
+
+#[tokio::test]
+async fn a_lock_set_is_all_or_nothing_with_one_token() {
+    let server = Leaseholdd::start();
+    let a = Client::builder(&server.url())
+        .holder("a")
+        .connect()
+        .await
+        .expect("connect");
+    let b = Client::builder(&server.url())
+        .holder("b")
+        .connect()
+        .await
+        .expect("connect");
+    let held = a.try_acquire("y", opts()).await.expect("y");
+    match b.acquire_set(&["x", "y", "z"], opts(), false).await {
+        Err(Error::Held { .. }) => {}
+        other => panic!("a set with a held key: {:?}", other.map(|l| l.fence())),
+    }
+    // Nothing of the refused set was taken.
+    let status = b.status("").await.expect("status");
+    let held_keys: Vec<&str> = status
+        .iter()
+        .filter(|l| l.fence.is_some())
+        .map(|l| l.key.as_str())
+        .collect();
+    assert_eq!(held_keys, ["y"]);
+    held.release().await.expect("release");
+
+    let set = b
+        .acquire_set(&["z", "x", "y"], opts(), false)
+        .await
+        .expect("the set");
+    let token = set.token().expect("live");
+    let status = b.status("").await.expect("status");
+    assert_eq!(status.len(), 3);
+    assert!(status.iter().all(|l| l.fence == Some(token)), "{status:?}");
+    assert!(matches!(
+        a.try_acquire("x", opts()).await,
+        Err(Error::Held { .. })
+    ));
+    set.release().await.expect("release");
+    let status = b.status("").await.expect("status");
+    assert!(status.iter().all(|l| l.fence.is_none()), "{status:?}");
+    match a.acquire_set(&[], opts(), false).await {
+        Err(Error::InvalidArgument(_)) => {}
+        other => panic!("an empty set: {:?}", other.map(|l| l.fence())),
+    }
+}

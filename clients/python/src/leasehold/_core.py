@@ -122,8 +122,15 @@ def acquire_body(
     request_id: int = 0,
     shared: bool = False,
     permits: Optional[int] = None,
+    keys: Optional[List[str]] = None,
 ) -> Dict[str, Any]:
-    body: Dict[str, Any] = {"key": key, "wait_ms": ms(wait), "request_id": request_id}
+    body: Dict[str, Any] = {"wait_ms": ms(wait), "request_id": request_id}
+    if keys is not None:
+        if not keys:
+            raise errors.InvalidArgument("a lock set needs at least one key")
+        body["keys"] = list(keys)
+    else:
+        body["key"] = key
     if lease is not None:
         body["lease"] = lease
     else:

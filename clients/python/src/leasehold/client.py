@@ -251,6 +251,14 @@ class Client:
         """
         return self._acquire(key, ttl, wait or None, lock_delay, shared, permits)
 
+    def lock_set(self, keys: List[str], ttl: Number = 15, *, wait: Optional[Number] = 30) -> Lease:
+        """Every key of ``keys`` at once, all or nothing, with one fencing token
+        for the set, waiting (up to ``wait``) in every key's queue at once; the
+        server orders sets, so two sets never wait for each other. Releasing
+        the lease releases them all. ``lease.key`` is the first key (sorted)."""
+        keys = sorted(set(keys))
+        return self._acquire(keys[0] if keys else "", ttl, wait or None, 0, False, None, keys=keys)
+
     def semaphore(self, key: str, permits: int, ttl: Number = 15, *, wait: Optional[Number] = 30) -> Lease:
         """One of ``permits`` permits of the semaphore ``key``."""
         return self.lock(key, ttl, wait=wait, permits=permits)
@@ -277,6 +285,7 @@ class Client:
         lock_delay: Number,
         shared: bool,
         permits: Optional[int],
+        keys: Optional[List[str]] = None,
     ) -> Lease:
         ttl = float(ttl)
         if wait is None:
@@ -290,6 +299,7 @@ class Client:
                 request_id=request_id(),
                 shared=shared,
                 permits=permits,
+                keys=keys,
             )
             answer = self._call("POST", "/v1/acquire", body)
             return self._lease(key, answer, Clock(ttl, sent_at))
@@ -314,6 +324,7 @@ class Client:
                 request_id=request_id(),
                 shared=shared,
                 permits=permits,
+                keys=keys,
             )
             while True:
                 body["wait_ms"] = max(1, round((until - time.monotonic()) * 1000))

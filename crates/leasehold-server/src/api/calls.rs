@@ -39,6 +39,7 @@ pub async fn acquire(s: &LockService, r: pb::AcquireRequest) -> Result<pb::Acqui
             lock_delay_ms: r.lock_delay_ms,
             request_id: r.request_id,
             mode,
+            set: r.keys,
         })
         .await?;
     Ok(pb::AcquireResponse {

@@ -272,7 +272,12 @@ async fn revoke(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AcquireBody {
+    /// One key, or
+    #[serde(default)]
     key: String,
+    /// a lock set: these keys, all or nothing, one token.
+    #[serde(default)]
+    keys: Vec<String>,
     /// An existing lease, or none to grant one with `ttl_ms` for this lock.
     lease: Option<u64>,
     ttl_ms: Option<u64>,
@@ -320,7 +325,16 @@ struct AcquireReply {
     checkpoint_fence: Option<u64>,
     fence: u64,
     key: String,
+    /// A lock set's keys, sorted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    keys: Vec<String>,
     lease: u64,
+}
+
+fn limits_sorted(mut keys: Vec<String>) -> Vec<String> {
+    keys.sort_unstable();
+    keys.dedup();
+    keys
 }
 
 async fn acquire(Caller(s): Caller, Body(b): Body<AcquireBody>) -> Result<Json<AcquireReply>> {
@@ -346,6 +360,7 @@ async fn acquire(Caller(s): Caller, Body(b): Body<AcquireBody>) -> Result<Json<A
             lock_delay_ms: b.lock_delay_ms,
             request_id: b.request_id,
             mode: acquire_mode(b.mode.as_deref(), b.permits)?,
+            set: b.keys.clone(),
         })
         .await?;
     let mut out = AcquireReply {
@@ -354,6 +369,7 @@ async fn acquire(Caller(s): Caller, Body(b): Body<AcquireBody>) -> Result<Json<A
         checkpoint_fence: None,
         fence: grant.fence,
         key: b.key,
+        keys: limits_sorted(b.keys),
         lease: grant.lease,
     };
     if let Some(cp) = grant.checkpoint {

@@ -238,6 +238,132 @@ impl Leaseholdd {
 
     /// `key` claimed on the session for `ttl`, or, if this client already
     /// holds it there, on a lease of its own: this acquire is another holder.
+    /// Takes `key`, or the lock set `set` (sorted, `key` its first) when
+    /// not empty.
+    async fn acquire_keys(
+        &self,
+        key: &str,
+        set: &[String],
+        holder: &str,
+        opts: &LockOptions,
+        wait: Option<Duration>,
+    ) -> Result<Acquired> {
+        let request_id = rand::random::<u64>() | 1;
+        // A wait outlives the call that carries it: if the server restarts or
+        // leadership moves, the call breaks and is retried with the same
+        // request id until the wait's deadline, which re-attaches to the
+        // place in the queue (the server keeps it for a few seconds).
+        let wait_until = wait.map(|w| Instant::now() + w);
+        let wait_left = || {
+            wait_until.map_or(0, |until| {
+                let left = until.saturating_duration_since(Instant::now());
+                u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
+            })
+        };
+        let retry_unavailable = |attempt: usize| {
+            attempt + 1 < ATTEMPTS
+                || wait_until.is_some_and(|until| Instant::now() + backoff(attempt + 1) < until)
+        };
+        let mut renewed_session = false;
+        let mut attempt = 0;
+        let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
+        let (mode, permits) = super::wire_mode(opts.mode);
+        loop {
+            // A set goes out under a lease of its own, ended with it.
+            let claim = if set.is_empty() {
+                self.claim(key, opts.ttl, holder).await
+            } else {
+                self.open_session(opts.ttl, holder, true)
+                    .await
+                    .and_then(|s| {
+                        Claim::take(&s, key)
+                            .ok_or_else(|| Error::Other("a new lease already holds the key".into()))
+                    })
+            };
+            let claim = match claim {
+                Ok(c) => Arc::new(c),
+                // E.g. a pooled connection the restarted server had closed.
+                Err(Error::Unavailable(_) | Error::OutcomeUnknown(_))
+                    if retry_unavailable(attempt) =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(backoff(attempt)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let session = claim.session.clone();
+            let wait_ms = wait_left();
+            let request = pb::AcquireRequest {
+                lease_id: session.lease,
+                key: if set.is_empty() {
+                    key.to_string()
+                } else {
+                    String::new()
+                },
+                keys: set.to_vec(),
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+                mode: mode.into(),
+                permits,
+                ..Default::default()
+            };
+            let granted = if wait_ms == 0 {
+                match self.endpoints.acquire(&request, claim.clone()).await {
+                    Ok(r) => Ok((r.fence, r.checkpoint)),
+                    Err(e) => Err(e.into_error(key)),
+                }
+            } else {
+                let call = |mut rpc: Rpc| {
+                    let request = request.clone();
+                    async move { rpc.acquire(request).await }
+                };
+                match self.endpoints.grpc(call).await {
+                    Ok(r) => Ok((r.fence, r.checkpoint)),
+                    Err(s) => Err(error(key, s)),
+                }
+            };
+            match granted {
+                Ok((fence, checkpoint)) => {
+                    return Ok(Acquired {
+                        fence: Some(fence),
+                        checkpoint,
+                        liveness: session.liveness.child(),
+                        hold: Box::new(LeaseholddHold {
+                            endpoints: self.endpoints.clone(),
+                            key: key.to_string(),
+                            fence,
+                            claim,
+                        }),
+                    });
+                }
+                Err(e) => {
+                    if session.private {
+                        Self::end_session(&self.endpoints, &session).await;
+                    }
+                    match e {
+                        // The session expired under us (e.g. the server was down
+                        // longer than its TTL): start a new one, once.
+                        Error::LeaseLost { .. } if !renewed_session => {
+                            session
+                                .liveness
+                                .lose("the server no longer knows this session");
+                            renewed_session = true;
+                        }
+                        Error::Unavailable(_) | Error::OutcomeUnknown(_)
+                            if retry_unavailable(attempt) =>
+                        {
+                            attempt += 1;
+                            tokio::time::sleep(backoff(attempt)).await;
+                        }
+                        e => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
     async fn claim(&self, key: &str, ttl: Duration, holder: &str) -> Result<Claim> {
         if let Some(claim) = Claim::take(&self.session(ttl, holder).await?, key) {
             return Ok(claim);
@@ -355,104 +481,23 @@ impl Backend for Leaseholdd {
         opts: &LockOptions,
         wait: Option<Duration>,
     ) -> Result<Acquired> {
-        let request_id = rand::random::<u64>() | 1;
-        // A wait outlives the call that carries it: if the server restarts or
-        // leadership moves, the call breaks and is retried with the same
-        // request id until the wait's deadline, which re-attaches to the
-        // place in the queue (the server keeps it for a few seconds).
-        let wait_until = wait.map(|w| Instant::now() + w);
-        let wait_left = || {
-            wait_until.map_or(0, |until| {
-                let left = until.saturating_duration_since(Instant::now());
-                u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
-            })
+        self.acquire_keys(key, &[], holder, opts, wait).await
+    }
+
+    async fn acquire_set(
+        &self,
+        keys: &[String],
+        holder: &str,
+        opts: &LockOptions,
+        wait: Option<Duration>,
+    ) -> Result<Acquired> {
+        let mut set = keys.to_vec();
+        set.sort_unstable();
+        set.dedup();
+        let Some(first) = set.first().cloned() else {
+            return Err(Error::InvalidArgument("a lock set needs a key".into()));
         };
-        let retry_unavailable = |attempt: usize| {
-            attempt + 1 < ATTEMPTS
-                || wait_until.is_some_and(|until| Instant::now() + backoff(attempt + 1) < until)
-        };
-        let mut renewed_session = false;
-        let mut attempt = 0;
-        let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
-        let (mode, permits) = super::wire_mode(opts.mode);
-        loop {
-            let claim = match self.claim(key, opts.ttl, holder).await {
-                Ok(c) => Arc::new(c),
-                // E.g. a pooled connection the restarted server had closed.
-                Err(Error::Unavailable(_) | Error::OutcomeUnknown(_))
-                    if retry_unavailable(attempt) =>
-                {
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let session = claim.session.clone();
-            let wait_ms = wait_left();
-            let request = pb::AcquireRequest {
-                lease_id: session.lease,
-                key: key.to_string(),
-                wait_ms,
-                lock_delay_ms,
-                request_id,
-                mode: mode.into(),
-                permits,
-                ..Default::default()
-            };
-            let granted = if wait_ms == 0 {
-                match self.endpoints.acquire(&request, claim.clone()).await {
-                    Ok(r) => Ok((r.fence, r.checkpoint)),
-                    Err(e) => Err(e.into_error(key)),
-                }
-            } else {
-                let call = |mut rpc: Rpc| {
-                    let request = request.clone();
-                    async move { rpc.acquire(request).await }
-                };
-                match self.endpoints.grpc(call).await {
-                    Ok(r) => Ok((r.fence, r.checkpoint)),
-                    Err(s) => Err(error(key, s)),
-                }
-            };
-            match granted {
-                Ok((fence, checkpoint)) => {
-                    return Ok(Acquired {
-                        fence: Some(fence),
-                        checkpoint,
-                        liveness: session.liveness.child(),
-                        hold: Box::new(LeaseholddHold {
-                            endpoints: self.endpoints.clone(),
-                            key: key.to_string(),
-                            fence,
-                            claim,
-                        }),
-                    });
-                }
-                Err(e) => {
-                    if session.private {
-                        Self::end_session(&self.endpoints, &session).await;
-                    }
-                    match e {
-                        // The session expired under us (e.g. the server was down
-                        // longer than its TTL): start a new one, once.
-                        Error::LeaseLost { .. } if !renewed_session => {
-                            session
-                                .liveness
-                                .lose("the server no longer knows this session");
-                            renewed_session = true;
-                        }
-                        Error::Unavailable(_) | Error::OutcomeUnknown(_)
-                            if retry_unavailable(attempt) =>
-                        {
-                            attempt += 1;
-                            tokio::time::sleep(backoff(attempt)).await;
-                        }
-                        e => return Err(e),
-                    }
-                }
-            }
-        }
+        self.acquire_keys(&first, &set, holder, opts, wait).await
     }
 
     async fn status(&self, prefix: &str) -> Result<Vec<LockStatus>> {

@@ -239,6 +239,21 @@ pub trait Backend: Send + Sync + 'static {
         wait: Option<Duration>,
     ) -> Result<Acquired>;
 
+    /// Takes every key of `keys` at once, all or nothing, with one fencing
+    /// token, waiting (like `acquire`) in every key's queue.
+    async fn acquire_set(
+        &self,
+        _keys: &[String],
+        _holder: &str,
+        _opts: &LockOptions,
+        _wait: Option<Duration>,
+    ) -> Result<Acquired> {
+        Err(Error::Unsupported {
+            backend: self.name(),
+            what: "lock sets",
+        })
+    }
+
     /// Lists locks under a prefix.
     async fn status(&self, _prefix: &str) -> Result<Vec<LockStatus>> {
         Err(Error::Unsupported {
