@@ -145,6 +145,12 @@ where
                     e.to_string(),
                     json!({}),
                 )),
+                Err(e @ GateError::NotWriter { .. }) => Ok(refuse(
+                    StatusCode::CONFLICT,
+                    "not_writer",
+                    e.to_string(),
+                    json!({}),
+                )),
             }
         })
     }

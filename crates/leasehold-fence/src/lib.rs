@@ -14,6 +14,11 @@
 //! | [`http::FenceLayer`] | any gate | the gate, before the handler runs |
 //! | [`FileGate`] | a `.fence` file beside the file | `flock` + write-then-rename |
 //!
+//! A resource behind a read/write lock takes writes only from its writer:
+//! [`ReadWriteGate`] asks the lock service whether a token is the writer's
+//! (an exclusive hold of the key, not a reader's) before its inner gate
+//! checks the order.
+//!
 //! ```
 //! use leasehold_fence::{FenceGate, MemoryGate, Stale};
 //! # tokio_test_block_on(async {
@@ -34,11 +39,13 @@ pub mod http;
 mod memory;
 mod postgres;
 mod redis;
+mod rw;
 
 pub use file::FileGate;
 pub use memory::MemoryGate;
 pub use postgres::PostgresGate;
 pub use redis::RedisGate;
+pub use rw::{ReadWriteGate, WriterCheck};
 
 /// A fencing token.
 pub type Fence = u64;
@@ -64,6 +71,17 @@ pub enum GateError {
     /// The gate's store failed; nothing was admitted.
     #[error("fence gate store: {0}")]
     Store(String),
+    /// A write whose token is not the writer's of the read/write lock (a
+    /// reader's, or no longer held): refused, nothing admitted.
+    #[error("token {fence} does not hold {key:?} as its writer; write to {resource:?} refused")]
+    NotWriter {
+        /// The resource.
+        resource: String,
+        /// The read/write lock's key.
+        key: String,
+        /// The token the write carried.
+        fence: Fence,
+    },
 }
 
 /// Admits writes whose fencing token is at least the highest seen.

@@ -248,6 +248,21 @@ impl Client {
         self.backend.status(prefix).await
     }
 
+    /// Whether `fence` holds `key` as its only, exclusive holder now: the
+    /// writer of a read/write lock (not a reader, not a semaphore permit).
+    /// A [`leasehold_fence`-style] read/write gate asks this before it lets
+    /// a write through. One linearizable read (leaseholdd).
+    pub async fn is_writer(&self, key: &str, fence: Fence) -> Result<bool> {
+        let status = self.backend.status(key).await?;
+        Ok(status.iter().any(|l| {
+            l.key == key
+                && l.fence == Some(fence)
+                && !l.shared
+                && l.permits == 0
+                && l.holders.len() == 1
+        }))
+    }
+
     /// A stream of lock events under a prefix (leaseholdd).
     pub async fn watch(
         &self,

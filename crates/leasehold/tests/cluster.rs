@@ -55,7 +55,7 @@ async fn every_operation_works_through_any_single_endpoint() {
         lb.release().await.unwrap();
 
         let mut kinds = Vec::new();
-        while kinds.len() < 4 {
+        while kinds.len() < 5 {
             let e = tokio::time::timeout(Duration::from_secs(5), events.next())
                 .await
                 .expect("an event")
@@ -63,7 +63,10 @@ async fn every_operation_works_through_any_single_endpoint() {
                 .unwrap();
             kinds.push(e.kind);
         }
-        assert_eq!(kinds, ["acquired", "released", "acquired", "released"]);
+        assert_eq!(
+            kinds,
+            ["acquired", "checkpoint", "released", "acquired", "released"]
+        );
         // Free, and kept listed for its checkpoint.
         let status = a.status(&key).await.unwrap();
         assert_eq!(status.len(), 1, "{status:?}");

@@ -313,3 +313,49 @@ async fn a_lock_set_is_all_or_nothing_with_one_token() {
         other => panic!("an empty set: {:?}", other.map(|l| l.fence())),
     }
 }
+
+/// A resource behind a read/write lock: the gate admits the writer's token,
+/// refuses a reader's (newer, from the same sequence), and refuses a writer
+/// whose hold ended.
+#[tokio::test]
+async fn a_read_write_gate_admits_writes_only_from_the_writer() {
+    use leasehold_fence::{GateError, MemoryGate, ReadWriteGate};
+    let server = Leaseholdd::start();
+    let client = Client::connect(&server.url()).await.expect("connect");
+    let checker = client.clone();
+    let gate = ReadWriteGate::new(MemoryGate::new(), move |key: String, fence| {
+        let c = checker.clone();
+        async move {
+            c.is_writer(&key, fence)
+                .await
+                .map_err(|e| GateError::Store(e.to_string()))
+        }
+    });
+    let writer = client.try_acquire("doc", opts()).await.expect("writer");
+    let wt = writer.token().expect("live");
+    gate.admit_write("doc-file", "doc", wt)
+        .await
+        .expect("the writer writes");
+    writer.release().await.expect("release");
+    // The writer's hold ended: its token writes no more.
+    assert!(matches!(
+        gate.admit_write("doc-file", "doc", wt).await,
+        Err(GateError::NotWriter { .. })
+    ));
+    let reader = client
+        .try_acquire("doc", opts().shared())
+        .await
+        .expect("reader");
+    let rt = reader.token().expect("live");
+    assert!(rt > wt);
+    match gate.admit_write("doc-file", "doc", rt).await {
+        Err(GateError::NotWriter { fence, .. }) => assert_eq!(fence, rt),
+        other => panic!("a reader's token wrote: {other:?}"),
+    }
+    reader.release().await.expect("release");
+    let next = client.try_acquire("doc", opts()).await.expect("writer");
+    gate.admit_write("doc-file", "doc", next.token().expect("live"))
+        .await
+        .expect("the next writer writes");
+    next.release().await.expect("release");
+}

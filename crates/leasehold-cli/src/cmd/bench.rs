@@ -35,6 +35,10 @@ use serde_json::json;
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Workload {
     Cycle,
+    /// `cycle` on a semaphore of 5 permits per key: take a permit, give it back.
+    Semaphore,
+    /// `cycle` on a lock set of 3 random keys: take all three, release them.
+    Lockset,
     Contended,
     Renew,
     Hold,
@@ -195,7 +199,9 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
     let started = Instant::now();
     let mut extra = serde_json::Map::new();
     match a.workload {
-        Workload::Cycle => cycle(&a, &shared, &bar).await?,
+        Workload::Cycle => cycle(&a, &shared, &bar, Shape::Lock).await?,
+        Workload::Semaphore => cycle(&a, &shared, &bar, Shape::Permit).await?,
+        Workload::Lockset => cycle(&a, &shared, &bar, Shape::Set).await?,
         Workload::Contended => contended(&a, &shared, &bar).await?,
         Workload::Renew => renew(&a, &shared, &bar).await?,
         Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
@@ -237,7 +243,20 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
+/// What a `cycle` takes each time.
+#[derive(Clone, Copy)]
+enum Shape {
+    Lock,
+    Permit,
+    Set,
+}
+
+async fn cycle(
+    a: &Args,
+    shared: &Arc<Shared>,
+    bar: &ProgressBar,
+    shape: Shape,
+) -> anyhow::Result<()> {
     let clients = connect(a).await?;
     let mut tasks = Vec::new();
     for client in clients {
@@ -245,10 +264,24 @@ async fn cycle(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Res
         tasks.push(tokio::spawn(async move {
             let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
             let opts = LockOptions::default().ttl(ttl);
+            let wait = opts.clone().wait(Duration::from_secs(30));
             while !shared.stop.load(Ordering::Relaxed) {
-                let key = format!("bench/{}", rand::random::<u64>() % keys);
+                let key = || format!("bench/{}", rand::random::<u64>() % keys);
                 let t = Instant::now();
-                match client.try_acquire(&key, opts.clone()).await {
+                let taken = match shape {
+                    Shape::Lock => client.try_acquire(&key(), opts.clone()).await,
+                    // Waits when 5 already hold the key, as a semaphore's user would.
+                    Shape::Permit => {
+                        let key = format!("bench/sem/{}", rand::random::<u64>() % keys);
+                        client.acquire(&key, wait.clone().permits(5)).await
+                    }
+                    Shape::Set => {
+                        let set = [key(), key(), key()];
+                        let set: Vec<&str> = set.iter().map(String::as_str).collect();
+                        client.acquire_set(&set, wait.clone(), true).await
+                    }
+                };
+                match taken {
                     Ok(lease) => match lease.release().await {
                         Ok(()) => {
                             let _ = local.record(t.elapsed().as_micros() as u64);

@@ -7,6 +7,12 @@ use serde_json::json;
 
 pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Result<i32> {
     let locks = client.status(prefix).await.context("list locks")?;
+    // A lock set is several keys held with one token.
+    let mut by_fence = std::collections::HashMap::new();
+    for fence in locks.iter().filter_map(|l| l.fence) {
+        *by_fence.entry(fence).or_insert(0usize) += 1;
+    }
+    let in_set = |l: &leasehold::LockStatus| l.fence.is_some_and(|f| by_fence[&f] > 1);
     if as_json {
         let rows: Vec<_> = locks
             .iter()
@@ -17,7 +23,8 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
                     .map(|(holder, fence)| json!({"holder": holder, "fence": fence}))
                     .collect();
                 json!({"key": l.key, "holder": l.holder, "fence": l.fence, "ttl_left_ms": l.ttl_left_ms,
-                       "waiters": l.waiters, "holders": holders, "permits": l.permits})
+                       "waiters": l.waiters, "holders": holders, "permits": l.permits,
+                       "shared": l.shared, "set": in_set(l)})
             })
             .collect();
         println!("{}", serde_json::Value::Array(rows));
@@ -31,7 +38,7 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
         .unwrap_or(0)
         .max(6);
     println!(
-        "{:key_width$}  {:holder_width$}  {:>8}  {:>9}  {:>7}  {:>5}",
+        "{:key_width$}  {:holder_width$}  {:>8}  {:>9}  {:>7}  {:>9}",
         "KEY", "HOLDER", "FENCE", "TTL LEFT", "WAITERS", "HOLDS"
     );
     for l in &locks {
@@ -47,13 +54,15 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
             "(free)"
         };
         // Readers and semaphores have several holders: the first is shown,
-        // with how many hold (of how many permits).
+        // with how many hold (of how many permits); a set's keys say so.
         let holds = match (l.holders.len(), l.permits) {
+            (n, 0) if l.shared => format!("{n} read"),
+            (_, 0) if in_set(l) => "set".to_string(),
             (n, 0) => n.to_string(),
             (n, permits) => format!("{n}/{permits}"),
         };
         println!(
-            "{:key_width$}  {holder:holder_width$}  {fence:>8}  {ttl:>9}  {:>7}  {holds:>5}",
+            "{:key_width$}  {holder:holder_width$}  {fence:>8}  {ttl:>9}  {:>7}  {holds:>9}",
             l.key, l.waiters
         );
     }

@@ -534,6 +534,10 @@ impl Backend for Leaseholdd {
                     .map(|h| (h.holder.clone(), h.fence))
                     .collect(),
                 permits: l.permits,
+                shared: l
+                    .holders
+                    .first()
+                    .is_some_and(|h| h.mode() == pb::Mode::Shared),
                 checkpoint: l.checkpoint.map(|data| (l.checkpoint_fence, data)),
             })
             .collect())

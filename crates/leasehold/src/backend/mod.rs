@@ -181,6 +181,8 @@ pub struct LockStatus {
     pub holders: Vec<(String, Fence)>,
     /// A semaphore's size (0 for a lock).
     pub permits: u32,
+    /// Whether the holders are readers of a read/write lock.
+    pub shared: bool,
     /// The checkpoint stored with the key, and the token of the holder that
     /// saved it (leaseholdd).
     pub checkpoint: Option<(Fence, Vec<u8>)>,

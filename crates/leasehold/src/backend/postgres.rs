@@ -256,6 +256,7 @@ impl Backend for Postgres {
                     ttl_left_ms: r.get::<_, i64>(3) as u64,
                     waiters: 0,
                     permits: 0,
+                    shared: false,
                     checkpoint: None,
                 }
             })
