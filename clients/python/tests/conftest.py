@@ -65,3 +65,59 @@ def server() -> Iterator[Server]:
         yield s
     finally:
         s.stop()
+
+
+class Cluster:
+    """Three leaseholdd nodes on this machine, each with its own data dir."""
+
+    def __init__(self) -> None:
+        binary = os.environ.get("LEASEHOLDD") or str(ROOT / "target" / "debug" / "leaseholdd")
+        self.dir = tempfile.TemporaryDirectory(prefix="leasehold-py-cluster-")
+        self.addrs = {n: f"127.0.0.1:{free_port()}" for n in (1, 2, 3)}
+        peers = ",".join(f"{n}={a}" for n, a in self.addrs.items())
+        self.procs = {}
+        for n, addr in self.addrs.items():
+            log = open(Path(self.dir.name) / f"node{n}.log", "wb")
+            self.procs[n] = subprocess.Popen(
+                [binary, "--node-id", str(n), "--listen", addr, "--peers", peers,
+                 "--data-dir", str(Path(self.dir.name) / f"d{n}")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.url = "http://" + ",".join(self.addrs.values())
+        until = time.monotonic() + 30
+        while self.leader() is None:
+            if time.monotonic() > until:
+                raise RuntimeError("the cluster elected no leader")
+            time.sleep(0.1)
+
+    def leader(self):
+        for n, addr in self.addrs.items():
+            if self.procs[n].poll() is not None:
+                continue
+            try:
+                health = httpx.get(f"http://{addr}/health", timeout=1).json()
+            except (httpx.TransportError, ValueError):
+                continue
+            if health.get("role") == "leader":
+                return n
+        return None
+
+    def kill(self, n: int) -> None:
+        self.procs[n].kill()
+        self.procs[n].wait()
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            p.kill()
+            p.wait()
+        self.dir.cleanup()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        yield c
+    finally:
+        c.stop()

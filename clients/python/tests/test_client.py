@@ -303,3 +303,15 @@ def test_lock_sets_are_all_or_nothing(server):
     assert a.describe("x")["holder"]["fence"] == token == a.describe("y")["holder"]["fence"]
     held.release()
     assert a.describe("x")["holder"] is None and a.describe("y")["holder"] is None
+
+
+def test_a_cluster_client_follows_the_leader_through_a_kill(cluster):
+    client = leasehold.Client(cluster.url, holder="py")
+    first = client.try_lock("k", ttl=3)
+    token = first.token()
+    first.release()
+    leader = cluster.leader()
+    cluster.kill(leader)
+    # The next lock goes to the new leader, wherever the client was pointing.
+    with client.lock("k", ttl=3, wait=10) as again:
+        assert again.token() > token
