@@ -185,3 +185,92 @@ class Clock:
         if several_nodes:
             return max(self.ttl / 6, 0.2)
         return max(self.left(), 0.05)
+
+
+class LeaseState:
+    """What a blocking and an asyncio lease share: the key, token, deadline,
+    and the moment of loss. ``lost`` is the event the lease sets (a
+    ``threading.Event`` or an ``asyncio.Event``)."""
+
+    def __init__(
+        self, key: str, lease_id: int, fence: int, clock: Clock, checkpoint: Optional[bytes], lost: Any
+    ) -> None:
+        self.key = key
+        self.lease_id = lease_id
+        self.fence = fence
+        #: What the previous holder saved with the lock, if anything.
+        self.checkpoint = checkpoint
+        #: Set the moment the lease is lost (or released).
+        self.lost = lost
+        self._clock = clock
+        self._reason = ""
+        self._released = False
+
+    def token(self) -> int:
+        """The fencing token, if the lease is still good; raises
+        :class:`~leasehold.LeaseLost` otherwise. Checks the client-side
+        deadline itself, so a process resumed after a pause sees the loss
+        before its next write."""
+        if not self.lost.is_set() and self._clock.left() <= 0:
+            self._lose("the client-side deadline passed without a renewal")
+        if self.lost.is_set():
+            raise errors.LeaseLost(f"lease on {self.key!r} lost: {self._reason}", {"key": self.key})
+        return self.fence
+
+    def is_live(self) -> bool:
+        """Whether :meth:`token` would answer."""
+        try:
+            self.token()
+            return True
+        except errors.LeaseLost:
+            return False
+
+    @property
+    def lost_reason(self) -> str:
+        """Why the lease was lost (empty while it is not)."""
+        return self._reason
+
+    def deadline(self) -> float:
+        """When the lease is lost without another renewal, on ``time.monotonic()``."""
+        return self._clock.deadline()
+
+    def _lose(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self._reason = reason
+            self.lost.set()
+
+    def _was_lost(self) -> bool:
+        return self.lost.is_set() or self._clock.left() <= 0
+
+    def _released_now(self, was_lost: bool) -> None:
+        """After the release call: mark the lease ended, and raise if it had
+        been lost before."""
+        if not self.lost.is_set():
+            self._reason = "released"
+            self.lost.set()
+        if was_lost:
+            raise errors.LeaseLost(f"lease on {self.key!r} was lost before its release", {"key": self.key})
+
+
+def checkpoint_of(answer: Dict[str, Any]) -> Optional[bytes]:
+    """The previous holder's checkpoint in an acquire's answer."""
+    import base64
+
+    data = answer.get("checkpoint_base64")
+    return None if data is None else base64.b64decode(data)
+
+
+def outcome(endpoints: Endpoints, status: int, success: bool, answer: Any) -> Optional[errors.LeaseholdError]:
+    """None for a success; else the error, after following a ``not_leader``."""
+    if success:
+        return None
+    err = errors.from_body(status, answer)
+    if isinstance(err, errors.NotLeader):
+        endpoints.follow(err.details.get("leader"))
+    return err
+
+
+def retryable(err: errors.LeaseholdError, retry_codes: tuple) -> bool:
+    """Nothing was done (retry anywhere), or the outcome is unknown and the
+    call carries a request id (``retry_codes``)."""
+    return err.code in NOT_DONE or err.code in retry_codes

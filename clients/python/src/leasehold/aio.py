@@ -22,18 +22,21 @@ from . import errors
 from ._core import (
     DEFAULT_ENDPOINT,
     MAYBE_DONE,
-    NOT_DONE,
     Clock,
     Endpoints,
+    LeaseState,
     Number,
     Retry,
     acquire_body,
+    checkpoint_of,
     default_holder,
+    outcome,
     request_id,
+    retryable,
 )
 
 
-class AsyncLease:
+class AsyncLease(LeaseState):
     """A held lock that renews itself every TTL/3 in a task; see
     :class:`leasehold.Lease`. :attr:`lost` is an :class:`asyncio.Event`."""
 
@@ -46,40 +49,9 @@ class AsyncLease:
         clock: Clock,
         checkpoint: Optional[bytes],
     ) -> None:
-        self.key = key
-        self.lease_id = lease_id
-        self.fence = fence
-        self.checkpoint = checkpoint
-        #: Set the moment the lease is lost (or released).
-        self.lost = asyncio.Event()
+        super().__init__(key, lease_id, fence, clock, checkpoint, asyncio.Event())
         self._client = client
-        self._clock = clock
-        self._reason = ""
-        self._released = False
         self._renewer = asyncio.get_running_loop().create_task(self._renew())
-
-    def token(self) -> int:
-        """The fencing token, if the lease is still good; raises
-        :class:`~leasehold.LeaseLost` otherwise."""
-        if not self.lost.is_set() and self._clock.left() <= 0:
-            self._lose("the client-side deadline passed without a renewal")
-        if self.lost.is_set():
-            raise errors.LeaseLost(f"lease on {self.key!r} lost: {self._reason}", {"key": self.key})
-        return self.fence
-
-    def is_live(self) -> bool:
-        try:
-            self.token()
-            return True
-        except errors.LeaseLost:
-            return False
-
-    @property
-    def lost_reason(self) -> str:
-        return self._reason
-
-    def deadline(self) -> float:
-        return self._clock.deadline()
 
     async def save_checkpoint(self, data: Union[bytes, str]) -> None:
         raw = data.encode() if isinstance(data, str) else bytes(data)
@@ -100,17 +72,12 @@ class AsyncLease:
             await self._renewer
         except asyncio.CancelledError:
             pass
-        was_lost = self.lost.is_set() or self._clock.left() <= 0
+        was_lost = self._was_lost()
         try:
             await self._client._call("DELETE", f"/v1/leases/{self.lease_id}", None, retry_codes=())
         except (errors.LeaseExpired, errors.LeaseNotFound):
             was_lost = True
-        finally:
-            if not self.lost.is_set():
-                self._reason = "released"
-                self.lost.set()
-        if was_lost:
-            raise errors.LeaseLost(f"lease on {self.key!r} was lost before its release", {"key": self.key})
+        self._released_now(was_lost)
 
     async def __aenter__(self) -> "AsyncLease":
         return self
@@ -121,11 +88,6 @@ class AsyncLease:
         except errors.LeaseLost:
             if exc_type is None:
                 raise
-
-    def _lose(self, reason: str) -> None:
-        if not self.lost.is_set():
-            self._reason = reason
-            self.lost.set()
 
     async def _renew(self) -> None:
         every = self._clock.every()
@@ -289,10 +251,7 @@ class AsyncClient:
                 continue
 
     def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> AsyncLease:
-        checkpoint = None
-        if answer.get("checkpoint_base64") is not None:
-            checkpoint = base64.b64decode(answer["checkpoint_base64"])
-        return AsyncLease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint)
+        return AsyncLease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint_of(answer))
 
     async def _call(
         self,
@@ -321,14 +280,11 @@ class AsyncClient:
                     answer = r.json()
                 except ValueError:
                     answer = None
-                if r.is_success:
+                failed = outcome(self.endpoints, r.status_code, r.is_success, answer)
+                if failed is None:
                     return answer
-                err = errors.from_body(r.status_code, answer)
-                if isinstance(err, errors.NotLeader):
-                    self.endpoints.follow(err.details.get("leader"))
-            if not (err.code in NOT_DONE or err.code in retry_codes):
-                raise err
-            pause = next(pauses, None)
+                err = failed
+            pause = next(pauses, None) if retryable(err, retry_codes) else None
             if pause is None:
                 raise err
             if not isinstance(err, errors.NotLeader):

@@ -14,29 +14,32 @@ from . import errors
 from ._core import (
     DEFAULT_ENDPOINT,
     MAYBE_DONE,
-    NOT_DONE,
     Clock,
     Endpoints,
+    LeaseState,
     Number,
     Retry,
     acquire_body,
+    checkpoint_of,
     default_holder,
+    outcome,
     request_id,
+    retryable,
 )
 
 if TYPE_CHECKING:
     from .election import Election
 
 
-class Lease:
-    """A held lock (or reader's hold, or semaphore permit): a lease that renews
-    itself every TTL/3 in a background thread, and its fencing token.
+class Lease(LeaseState):
+    """A held lock (or reader's hold, or semaphore permit, or lock set): a
+    lease that renews itself every TTL/3 in a background thread, and its
+    fencing token.
 
     Call :meth:`token` right before each write the lock protects and send the
     token with the write; it raises :class:`~leasehold.LeaseLost` once the
-    lease is lost (a renewal refused, or the client-side deadline passed, which
-    it checks itself, so a process resumed after a long pause sees the loss
-    before its next write). :attr:`lost` is set at the same moment.
+    lease is lost (a renewal refused, or the client-side deadline passed).
+    :attr:`lost` (a ``threading.Event``) is set at the same moment.
 
     Use it as a context manager to release on exit.
     """
@@ -50,50 +53,13 @@ class Lease:
         clock: Clock,
         checkpoint: Optional[bytes],
     ) -> None:
-        self.key = key
-        self.lease_id = lease_id
-        self.fence = fence
-        #: What the previous holder saved with the lock, if anything.
-        self.checkpoint = checkpoint
-        #: Set the moment the lease is lost (or released).
-        self.lost = threading.Event()
+        super().__init__(key, lease_id, fence, clock, checkpoint, threading.Event())
         self._client = client
-        self._clock = clock
-        self._reason = ""
-        self._released = False
         self._stop = threading.Event()
         self._renewer = threading.Thread(
             target=self._renew, name=f"leasehold-renew-{lease_id}", daemon=True
         )
         self._renewer.start()
-
-    # ---- the holder's side ----
-
-    def token(self) -> int:
-        """The fencing token, if the lease is still good; raises
-        :class:`~leasehold.LeaseLost` otherwise."""
-        if not self.lost.is_set() and self._clock.left() <= 0:
-            self._lose("the client-side deadline passed without a renewal")
-        if self.lost.is_set():
-            raise errors.LeaseLost(f"lease on {self.key!r} lost: {self._reason}", {"key": self.key})
-        return self.fence
-
-    def is_live(self) -> bool:
-        """Whether :meth:`token` would answer."""
-        try:
-            self.token()
-            return True
-        except errors.LeaseLost:
-            return False
-
-    @property
-    def lost_reason(self) -> str:
-        """Why the lease was lost (empty while it is not)."""
-        return self._reason
-
-    def deadline(self) -> float:
-        """When the lease is lost without another renewal, on ``time.monotonic()``."""
-        return self._clock.deadline()
 
     def save_checkpoint(self, data: Union[bytes, str]) -> None:
         """Saves bytes with the lock for the next holder, fenced by this lease's token."""
@@ -117,17 +83,12 @@ class Lease:
         self._stop.set()
         if threading.current_thread() is not self._renewer:
             self._renewer.join()
-        was_lost = self.lost.is_set() or self._clock.left() <= 0
+        was_lost = self._was_lost()
         try:
             self._client._call("DELETE", f"/v1/leases/{self.lease_id}", None, retry_codes=())
         except (errors.LeaseExpired, errors.LeaseNotFound):
             was_lost = True
-        finally:
-            if not self.lost.is_set():
-                self._reason = "released"
-                self.lost.set()
-        if was_lost:
-            raise errors.LeaseLost(f"lease on {self.key!r} was lost before its release", {"key": self.key})
+        self._released_now(was_lost)
 
     def __enter__(self) -> "Lease":
         return self
@@ -142,10 +103,8 @@ class Lease:
     # ---- renewal ----
 
     def _lose(self, reason: str) -> None:
-        if not self.lost.is_set():
-            self._reason = reason
-            self.lost.set()
-            self._stop.set()
+        super()._lose(reason)
+        self._stop.set()
 
     def _renew(self) -> None:
         every = self._clock.every()
@@ -351,10 +310,7 @@ class Client:
         return self._lease(key, answer, clock)
 
     def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> Lease:
-        checkpoint = None
-        if answer.get("checkpoint_base64") is not None:
-            checkpoint = base64.b64decode(answer["checkpoint_base64"])
-        return Lease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint)
+        return Lease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint_of(answer))
 
     # ---- the wire ----
 
@@ -389,15 +345,11 @@ class Client:
                     answer = r.json()
                 except ValueError:
                     answer = None
-                if r.is_success:
+                failed = outcome(self.endpoints, r.status_code, r.is_success, answer)
+                if failed is None:
                     return answer
-                err = errors.from_body(r.status_code, answer)
-                if isinstance(err, errors.NotLeader):
-                    self.endpoints.follow(err.details.get("leader"))
-            retryable = err.code in NOT_DONE or err.code in retry_codes
-            if not retryable:
-                raise err
-            pause = next(pauses, None)
+                err = failed
+            pause = next(pauses, None) if retryable(err, retry_codes) else None
             if pause is None:
                 raise err
             if not isinstance(err, errors.NotLeader):
