@@ -185,6 +185,20 @@ async fn the_dashboard_shows_a_lock_appear_and_disappear() {
             t.contains("acquired") && t.contains("payments/nightly")
         })
         .await;
+    // A semaphore with two of its three permits taken says so.
+    for holder in ["w1", "w2"] {
+        common::post(
+            &server.addr,
+            "/v1/acquire",
+            json!({"key": "partner-api", "ttl_ms": 60_000, "holder": holder, "permits": 3}),
+        )
+        .await;
+    }
+    browser
+        .wait_text("locks", "the semaphore's permits", |t| {
+            t.contains("w1 (2/3 permits)")
+        })
+        .await;
 
     // A populated page, for the README, when asked for.
     if let Ok(path) = std::env::var("LEASEHOLD_SCREENSHOT") {

@@ -126,6 +126,15 @@ function waiting(waiters) {
   return waiters.length + ": " + names.join(", ") + (waiters.length > 3 ? ", …" : "");
 }
 
+// After the first holder's name: how many more hold, and how: " +2 readers",
+// " +1 (2/5 permits)".
+function holding(l) {
+  const more = (l.holders || []).length - 1;
+  if (l.permits) return " (" + l.holders.length + "/" + l.permits + " permits)";
+  if (more > 0) return " +" + more + (l.holder.mode === "shared" ? " readers" : "");
+  return l.holder && l.holder.mode === "shared" ? " (reader)" : "";
+}
+
 async function refreshLocks() {
   const after = state.cursors[state.cursors.length - 1];
   const query = new URLSearchParams({ prefix: state.prefix, limit: String(PAGE), start_after: after });
@@ -137,7 +146,7 @@ async function refreshLocks() {
       const h = l.holder;
       return row([
         cell(l.key, "key"),
-        cell(h ? h.holder : "(free)"),
+        cell(h ? h.holder + holding(l) : "(free)"),
         cell(h ? h.fence : "", "n"),
         cell(h ? seconds(h.ttl_left_ms) : "", "n"),
         cell(waiting(l.waiters), "n"),
