@@ -216,6 +216,10 @@ def test_the_async_client(server):
             second = await waiter
             assert second.token() > first
             await second.release()
+            pair = await b.lock_set(["y", "x"], ttl=5, wait=None)
+            with pytest.raises(leasehold.Held):
+                await a.try_lock("x", ttl=5)
+            await pair.release()
             sem = [await b.semaphore("asem", permits=2, wait=None) for _ in range(2)]
             with pytest.raises(leasehold.Held):
                 await b.semaphore("asem", permits=2, wait=None)

@@ -183,12 +183,22 @@ impl Client {
         Ok(Lease::new(key, self.backend.name(), acquired))
     }
 
-    /// Takes every key of `keys` at once, all or nothing, with one fencing
-    /// token for the set (leaseholdd): at once when `wait` is false, else
-    /// waiting up to `opts.wait` in every key's queue at once (the server
-    /// orders sets, so two sets never wait for each other). The lease's
+    /// Takes every key of `keys` if all are free, all or nothing, with one
+    /// fencing token for the set (leaseholdd); answers at once. The lease's
     /// `key()` is the keys joined with `,`; its release releases them all.
-    pub async fn acquire_set(&self, keys: &[&str], opts: LockOptions, wait: bool) -> Result<Lease> {
+    pub async fn try_acquire_set(&self, keys: &[&str], opts: LockOptions) -> Result<Lease> {
+        self.take_set(keys, opts, false).await
+    }
+
+    /// Takes every key of `keys`, all or nothing, with one fencing token,
+    /// waiting up to `opts.wait` in every key's queue at once (the server
+    /// orders sets, so two sets never wait for each other, whatever order
+    /// the keys are listed in).
+    pub async fn acquire_set(&self, keys: &[&str], opts: LockOptions) -> Result<Lease> {
+        self.take_set(keys, opts, true).await
+    }
+
+    async fn take_set(&self, keys: &[&str], opts: LockOptions, wait: bool) -> Result<Lease> {
         let Some(first) = keys.first() else {
             return Err(Error::InvalidArgument(
                 "a lock set needs at least one key".into(),

@@ -228,10 +228,7 @@ async fn lock_sets_move_money_between_accounts_without_overlap_or_deadlock() {
                 }
                 let names: Vec<String> = ids.iter().map(|i| format!("acct/{i}")).collect();
                 let keys: Vec<&str> = names.iter().map(String::as_str).collect();
-                let lease = client
-                    .acquire_set(&keys, opts(), true)
-                    .await
-                    .expect("the set");
+                let lease = client.acquire_set(&keys, opts()).await.expect("the set");
                 {
                     let mut b = busy.lock().expect("busy");
                     if ids.iter().any(|i| b[*i]) {
@@ -279,7 +276,7 @@ async fn a_lock_set_is_all_or_nothing_with_one_token() {
         .await
         .expect("connect");
     let held = a.try_acquire("y", opts()).await.expect("y");
-    match b.acquire_set(&["x", "y", "z"], opts(), false).await {
+    match b.try_acquire_set(&["x", "y", "z"], opts()).await {
         Err(Error::Held { .. }) => {}
         other => panic!("a set with a held key: {:?}", other.map(|l| l.fence())),
     }
@@ -294,7 +291,7 @@ async fn a_lock_set_is_all_or_nothing_with_one_token() {
     held.release().await.expect("release");
 
     let set = b
-        .acquire_set(&["z", "x", "y"], opts(), false)
+        .try_acquire_set(&["z", "x", "y"], opts())
         .await
         .expect("the set");
     let token = set.token().expect("live");
@@ -308,7 +305,7 @@ async fn a_lock_set_is_all_or_nothing_with_one_token() {
     set.release().await.expect("release");
     let status = b.status("").await.expect("status");
     assert!(status.iter().all(|l| l.fence.is_none()), "{status:?}");
-    match a.acquire_set(&[], opts(), false).await {
+    match a.try_acquire_set(&[], opts()).await {
         Err(Error::InvalidArgument(_)) => {}
         other => panic!("an empty set: {:?}", other.map(|l| l.fence())),
     }

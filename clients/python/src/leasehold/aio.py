@@ -170,6 +170,11 @@ class AsyncClient:
     ) -> AsyncLease:
         return await self._acquire(key, ttl, wait or None, lock_delay, shared, permits)
 
+    async def lock_set(self, keys: List[str], ttl: Number = 15, *, wait: Optional[Number] = 30) -> AsyncLease:
+        """See :meth:`leasehold.Client.lock_set`."""
+        keys = sorted(set(keys))
+        return await self._acquire(keys[0] if keys else "", ttl, wait or None, 0, False, None, keys=keys)
+
     async def semaphore(self, key: str, permits: int, ttl: Number = 15, *, wait: Optional[Number] = 30) -> AsyncLease:
         return await self.lock(key, ttl, wait=wait, permits=permits)
 
@@ -184,6 +189,7 @@ class AsyncClient:
         lock_delay: Number,
         shared: bool,
         permits: Optional[int],
+        keys: Optional[List[str]] = None,
     ) -> AsyncLease:
         ttl = float(ttl)
         sent_at = time.monotonic()
@@ -196,6 +202,7 @@ class AsyncClient:
                 request_id=request_id(),
                 shared=shared,
                 permits=permits,
+                keys=keys,
             )
             answer = await self._call("POST", "/v1/acquire", body)
             return self._lease(key, answer, Clock(ttl, sent_at))
@@ -217,6 +224,7 @@ class AsyncClient:
                 request_id=request_id(),
                 shared=shared,
                 permits=permits,
+                keys=keys,
             )
             while True:
                 body["wait_ms"] = max(1, round((until - time.monotonic()) * 1000))

@@ -278,7 +278,7 @@ async fn cycle(
                     Shape::Set => {
                         let set = [key(), key(), key()];
                         let set: Vec<&str> = set.iter().map(String::as_str).collect();
-                        client.acquire_set(&set, wait.clone(), true).await
+                        client.acquire_set(&set, wait.clone()).await
                     }
                 };
                 match taken {
