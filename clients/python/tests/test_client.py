@@ -319,3 +319,25 @@ def test_a_cluster_client_follows_the_leader_through_a_kill(cluster):
     # The next lock goes to the new leader, wherever the client was pointing.
     with client.lock("k", ttl=3, wait=10) as again:
         assert again.token() > token
+
+
+def test_async_election(server):
+    async def main() -> None:
+        async with leasehold.AsyncClient(server.url, holder="w") as w, leasehold.AsyncClient(
+            server.url, holder="a"
+        ) as a:
+            election = w.election("jobs")
+            seen = []
+            observing = election.observe()
+            seen.append(await observing.__anext__())
+            lead = await a.election("jobs").campaign("a:1", ttl=5)
+            seen.append(await asyncio.wait_for(observing.__anext__(), 10))
+            await lead.proclaim("a:2")
+            seen.append(await asyncio.wait_for(observing.__anext__(), 10))
+            assert (await election.leader()).value == "a:2"
+            await lead.resign()
+            seen.append(await asyncio.wait_for(observing.__anext__(), 10))
+            await observing.aclose()
+            assert [s.value if s else None for s in seen] == [None, "a:1", "a:2", None]
+
+    asyncio.run(main())

@@ -18,7 +18,7 @@ tokens (:mod:`leasehold.fence`).
 from ._core import DEFAULT_ENDPOINT, MAX_PERMITS, Retry
 from .aio import AsyncClient, AsyncLease
 from .client import Client, Lease
-from .election import Election, Leader, Leadership
+from .election import AsyncElection, AsyncLeadership, Election, Leader, Leadership
 from .errors import (
     Held,
     InvalidArgument,
@@ -39,6 +39,8 @@ from .fence import FenceGate, fence_clause, fenced_update
 
 __all__ = [
     "AsyncClient",
+    "AsyncElection",
+    "AsyncLeadership",
     "AsyncLease",
     "Client",
     "DEFAULT_ENDPOINT",

@@ -14,7 +14,7 @@ import base64
 import os
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import httpx
 
@@ -34,6 +34,9 @@ from ._core import (
     request_id,
     retryable,
 )
+
+if TYPE_CHECKING:
+    from .election import AsyncElection
 
 
 class AsyncLease(LeaseState):
@@ -177,6 +180,12 @@ class AsyncClient:
 
     async def semaphore(self, key: str, permits: int, ttl: Number = 15, *, wait: Optional[Number] = 30) -> AsyncLease:
         return await self.lock(key, ttl, wait=wait, permits=permits)
+
+    def election(self, name: str) -> "AsyncElection":
+        """The election ``name``: campaign, observe, proclaim, resign."""
+        from .election import AsyncElection
+
+        return AsyncElection(self, name)
 
     async def describe(self, key: str) -> Dict[str, Any]:
         return await self._call("GET", "/v1/locks/" + urllib.parse.quote(key, safe="/"), None)

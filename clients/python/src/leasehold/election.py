@@ -19,13 +19,14 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional, Union
 
 import httpx
 
 from . import errors
 
 if TYPE_CHECKING:
+    from .aio import AsyncClient, AsyncLease
     from .client import Client, Lease
 
 
@@ -107,41 +108,133 @@ class Election:
         """The leader now, then every change: a :class:`Leader` when one
         proclaims (a new leader, or a new value), ``None`` when the leader
         goes. Runs until the generator is closed."""
-        http = self.client._http
         url = self.client.endpoints.current() + "/v1/watch"
-        with http.stream("GET", url, params={"prefix": self.name}, timeout=httpx.Timeout(5.0, read=None)) as r:
+        timeout = httpx.Timeout(5.0, read=None)
+        with self.client._http.stream("GET", url, params={"prefix": self.name}, timeout=timeout) as r:
             if not r.is_success:
                 r.read()
                 raise errors.from_body(r.status_code, r.json())
             # Subscribed: now read the state, so no change falls between.
-            view = self.client.describe(self.name)
-            holder = (view.get("holder") or {}).get("fence")
-            last = _leader_of(view)
-            yield last
-            kind, data = None, []
+            observer = _Observer(self.name, self.client.describe(self.name))
+            yield observer.last
             for line in r.iter_lines():
-                if line.startswith("event:"):
-                    kind = line[len("event:") :].strip()
-                elif line.startswith("data:"):
-                    data.append(line[len("data:") :].strip())
-                elif line == "" and kind is not None:
-                    event = json.loads("\n".join(data)) if data else {}
-                    kind_now, kind, data = kind, None, []
-                    if kind_now == "error":
-                        raise errors.Unavailable(f"watch ended: {event}")
-                    if event.get("key") != self.name:
-                        continue
-                    fence = int(event.get("fence", 0))
-                    change: Any = _NOTHING
-                    if kind_now == "acquired" and (holder is None or fence > holder):
-                        holder, change = fence, None
-                    elif kind_now in ("released", "expired") and fence == holder:
-                        holder, change = None, None
-                    elif kind_now == "checkpoint" and fence == holder and event.get("data_base64"):
-                        change = Leader(base64.b64decode(event["data_base64"]), fence, str(event.get("holder", "")))
-                    if change is not _NOTHING and change != last:
-                        last = change
-                        yield change
+                change = observer.line(line)
+                if change is not _NOTHING:
+                    yield change
+
+
+class AsyncElection:
+    """The election ``name`` over an :class:`~leasehold.AsyncClient`; the same
+    rules as :class:`Election`."""
+
+    def __init__(self, client: "AsyncClient", name: str) -> None:
+        self.client = client
+        self.name = name
+
+    async def campaign(self, value: Union[str, bytes], ttl: float = 15, *, wait: Optional[float] = None) -> "AsyncLeadership":
+        while True:
+            try:
+                lease = await self.client.lock(self.name, ttl, wait=wait if wait else 3600)
+                break
+            except errors.WaitTimeout:
+                if wait:
+                    raise
+        try:
+            await lease.save_checkpoint(value)
+        except BaseException:
+            try:
+                await lease.release()
+            except errors.LeaseholdError:
+                pass
+            raise
+        return AsyncLeadership(lease)
+
+    async def leader(self) -> Optional[Leader]:
+        return _leader_of(await self.client.describe(self.name))
+
+    async def observe(self) -> AsyncIterator[Optional[Leader]]:
+        url = self.client.endpoints.current() + "/v1/watch"
+        timeout = httpx.Timeout(5.0, read=None)
+        async with self.client._http.stream("GET", url, params={"prefix": self.name}, timeout=timeout) as r:
+            if not r.is_success:
+                await r.aread()
+                raise errors.from_body(r.status_code, r.json())
+            observer = _Observer(self.name, await self.client.describe(self.name))
+            yield observer.last
+            async for line in r.aiter_lines():
+                change = observer.line(line)
+                if change is not _NOTHING:
+                    yield change
+
+
+class AsyncLeadership:
+    """This task leads: a lease on the election's key."""
+
+    def __init__(self, lease: "AsyncLease") -> None:
+        self.lease = lease
+
+    def token(self) -> int:
+        return self.lease.token()
+
+    @property
+    def lost(self):
+        """An ``asyncio.Event`` set when the leadership is lost."""
+        return self.lease.lost
+
+    async def proclaim(self, value: Union[str, bytes]) -> None:
+        await self.lease.save_checkpoint(value)
+
+    async def resign(self) -> None:
+        await self.lease.release()
+
+    async def __aenter__(self) -> "AsyncLeadership":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.lease.__aexit__(*exc)
+
+
+class _Observer:
+    """Follows one election's key through its watch events (server-sent
+    events, line by line). Tokens only grow, so an event older than what is
+    known (from before the state was read) changes nothing."""
+
+    def __init__(self, name: str, view: Dict[str, Any]) -> None:
+        self.name = name
+        self.holder = (view.get("holder") or {}).get("fence")
+        self.last = _leader_of(view)
+        self._kind: Optional[str] = None
+        self._data: List[str] = []
+
+    def line(self, line: str) -> Any:
+        """One line of the stream; the change it completes, or ``_NOTHING``."""
+        if line.startswith("event:"):
+            self._kind = line[len("event:") :].strip()
+        elif line.startswith("data:"):
+            self._data.append(line[len("data:") :].strip())
+        elif line == "" and self._kind is not None:
+            event = json.loads("\n".join(self._data)) if self._data else {}
+            kind, self._kind, self._data = self._kind, None, []
+            return self._event(kind, event)
+        return _NOTHING
+
+    def _event(self, kind: str, event: Dict[str, Any]) -> Any:
+        if kind == "error":
+            raise errors.Unavailable(f"watch ended: {event}")
+        if event.get("key") != self.name:
+            return _NOTHING
+        fence = int(event.get("fence", 0))
+        change: Any = _NOTHING
+        if kind == "acquired" and (self.holder is None or fence > self.holder):
+            self.holder, change = fence, None
+        elif kind in ("released", "expired") and fence == self.holder:
+            self.holder, change = None, None
+        elif kind == "checkpoint" and fence == self.holder and event.get("data_base64"):
+            change = Leader(base64.b64decode(event["data_base64"]), fence, str(event.get("holder", "")))
+        if change is _NOTHING or change == self.last:
+            return _NOTHING
+        self.last = change
+        return change
 
 
 _NOTHING = object()
