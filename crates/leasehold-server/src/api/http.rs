@@ -324,6 +324,8 @@ struct AcquireReply {
     #[serde(skip_serializing_if = "Option::is_none")]
     checkpoint_fence: Option<u64>,
     fence: u64,
+    /// The key (absent for a lock set, which says `keys`).
+    #[serde(skip_serializing_if = "String::is_empty")]
     key: String,
     /// A lock set's keys, sorted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
