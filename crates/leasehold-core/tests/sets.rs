@@ -75,6 +75,10 @@ struct Checker {
     now: u64,
     epoch: u64,
     leases: Vec<u64>,
+    /// Which wait each (lease, key) in a queue belongs to: the step that
+    /// queued it. One lease may wait several times (for disjoint keys).
+    waits: HashMap<(u64, String), usize>,
+    steps: usize,
     /// Who holds each key, from the events: (lease, fence).
     holders: HashMap<String, (u64, u64)>,
     /// The keys granted with each token (several for a set).
@@ -160,6 +164,17 @@ impl Checker {
         let command = self.command(op);
         let mut events = Vec::new();
         let outcome = self.table.apply(stamp, command.clone(), &mut events);
+        self.steps += 1;
+        if let Ok(Response::Queued { lease, .. }) = &outcome {
+            let keys: Vec<String> = match &command {
+                Command::AcquireSet { keys, .. } => keys.clone(),
+                Command::Acquire { key, .. } => vec![key.clone()],
+                _ => Vec::new(),
+            };
+            for key in keys {
+                self.waits.insert((*lease, key), self.steps);
+            }
+        }
         self.table.check_invariants().map_err(TestCaseError::fail)?;
         if outcome.is_err() {
             prop_assert_eq!(
@@ -234,19 +249,29 @@ impl Checker {
                 keys
             );
         }
-        // Every two waiters are in the same order on every key they share.
-        let queues: Vec<Vec<u64>> = KEYS
+        // Every two waits are in the same order on every key they share (a
+        // lease that holds keys while it waits can still deadlock with
+        // another, as with any locks; its TTL and wait end that).
+        let queues: Vec<Vec<usize>> = KEYS
             .iter()
             .map(|k| {
-                self.table
-                    .lock(k, self.now)
-                    .map_or_else(Vec::new, |l| l.waiters.iter().map(|w| w.lease).collect())
+                self.table.lock(k, self.now).map_or_else(Vec::new, |l| {
+                    l.waiters
+                        .iter()
+                        .map(|w| {
+                            self.waits
+                                .get(&(w.lease, k.to_string()))
+                                .copied()
+                                .unwrap_or(0)
+                        })
+                        .collect()
+                })
             })
             .collect();
         for q1 in &queues {
             for q2 in &queues {
-                let common1: Vec<u64> = q1.iter().copied().filter(|l| q2.contains(l)).collect();
-                let common2: Vec<u64> = q2.iter().copied().filter(|l| q1.contains(l)).collect();
+                let common1: Vec<usize> = q1.iter().copied().filter(|l| q2.contains(l)).collect();
+                let common2: Vec<usize> = q2.iter().copied().filter(|l| q1.contains(l)).collect();
                 prop_assert_eq!(&common1, &common2, "queues disagree: {:?}", queues);
             }
         }
