@@ -1413,13 +1413,16 @@ impl LockTable {
         request_id: RequestId,
         events: &mut Vec<Event>,
     ) -> Outcome {
+        let Some(first) = set.first().cloned() else {
+            return Err(LockError::invalid("keys", "a lock set needs a key"));
+        };
         let lease = self.live_lease(lease_id)?;
         // Asking again for a set this lease holds, or waits for, is answered
         // with it; a key it holds or waits for otherwise is refused (it
         // would wait for itself).
         let held_as_set = self
             .locks
-            .get(&set[0])
+            .get(&first)
             .and_then(|l| l.holding_of(lease_id))
             .map(|h| h.fence)
             .filter(|fence| self.sets.get(fence) == Some(&set));
@@ -1444,7 +1447,7 @@ impl LockTable {
             for key in set.iter() {
                 self.reattach(key, lease_id);
             }
-            let position = self.locks.get(&set[0]).map_or(0, |l| {
+            let position = self.locks.get(&first).map_or(0, |l| {
                 l.waiters()
                     .iter()
                     .position(|w| w.lease == lease_id)

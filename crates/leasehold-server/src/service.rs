@@ -478,7 +478,10 @@ impl LockService {
             ));
         }
         args.set = limits::validate_set(&args.set)?;
-        args.key = args.set[0].clone();
+        args.key = match args.set.first() {
+            Some(first) => first.clone(),
+            None => return Err(ApiError::invalid("keys", "a lock set needs a key")),
+        };
         limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
         if args.mode != Mode::Exclusive {
             return Err(ApiError::invalid(
