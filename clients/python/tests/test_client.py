@@ -341,3 +341,25 @@ def test_async_election(server):
             assert [s.value if s else None for s in seen] == [None, "a:1", "a:2", None]
 
     asyncio.run(main())
+
+
+def test_a_release_whose_answer_is_lost_is_sent_again_and_not_called_a_loss(server):
+    # The server is frozen while the revoke is in flight: the call times out
+    # with its outcome unknown, the retry after the thaw finds the lease
+    # already ended by the first one, and that is a release, not a loss.
+    client = leasehold.Client(server.url, timeout=0.5)
+    lease = client.try_lock("k", ttl=30)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    thaw = threading.Timer(1.5, lambda: os.kill(server.proc.pid, signal.SIGCONT))
+    thaw.start()
+    try:
+        lease.release()
+    finally:
+        thaw.join()
+    assert lease.lost_reason == "released"
+    assert client.describe("k")["holder"] is None
+    # A lease ended by someone else before its release is still a loss.
+    other = client.try_lock("j", ttl=30)
+    client._call("DELETE", f"/v1/leases/{other.lease_id}", None)
+    with pytest.raises(leasehold.LeaseLost):
+        other.release()

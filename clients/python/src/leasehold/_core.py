@@ -242,14 +242,17 @@ class LeaseState:
     def _was_lost(self) -> bool:
         return self.lost.is_set() or self._clock.left() <= 0
 
-    def _released_now(self, was_lost: bool) -> None:
-        """After the release call: mark the lease ended, and raise if it had
-        been lost before."""
+    def _released_now(self, was_lost: bool, unanswered: Optional[errors.LeaseholdError] = None) -> None:
+        """After the release call: mark the lease ended (unrenewed, it ends
+        with its TTL even if no revoke was answered), and raise if it had been
+        lost before, or if the revoke was never answered."""
         if not self.lost.is_set():
             self._reason = "released"
             self.lost.set()
         if was_lost:
             raise errors.LeaseLost(f"lease on {self.key!r} was lost before its release", {"key": self.key})
+        if unanswered is not None:
+            raise unanswered
 
 
 def checkpoint_of(answer: Dict[str, Any]) -> Optional[bytes]:

@@ -76,11 +76,20 @@ class AsyncLease(LeaseState):
         except asyncio.CancelledError:
             pass
         was_lost = self._was_lost()
+        path = f"/v1/leases/{self.lease_id}"
+        unanswered = None
         try:
-            await self._client._call("DELETE", f"/v1/leases/{self.lease_id}", None, retry_codes=())
+            await self._client._call("DELETE", path, None, retry_codes=())
         except (errors.LeaseExpired, errors.LeaseNotFound):
             was_lost = True
-        self._released_now(was_lost)
+        except errors.OutcomeUnknown:
+            try:
+                await self._client._call("DELETE", path, None)
+            except (errors.LeaseExpired, errors.LeaseNotFound):
+                pass
+            except errors.LeaseholdError as e:
+                unanswered = e
+        self._released_now(was_lost, unanswered)
 
     async def __aenter__(self) -> "AsyncLease":
         return self

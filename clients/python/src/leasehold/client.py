@@ -84,11 +84,23 @@ class Lease(LeaseState):
         if threading.current_thread() is not self._renewer:
             self._renewer.join()
         was_lost = self._was_lost()
+        path = f"/v1/leases/{self.lease_id}"
+        unanswered = None
         try:
-            self._client._call("DELETE", f"/v1/leases/{self.lease_id}", None, retry_codes=())
+            self._client._call("DELETE", path, None, retry_codes=())
         except (errors.LeaseExpired, errors.LeaseNotFound):
+            # Ended before this release: revoked, or expired past the deadline.
             was_lost = True
-        self._released_now(was_lost)
+        except errors.OutcomeUnknown:
+            # The answer was lost, and the revoke may have acted: again, and
+            # now "already ended" means it did.
+            try:
+                self._client._call("DELETE", path, None)
+            except (errors.LeaseExpired, errors.LeaseNotFound):
+                pass
+            except errors.LeaseholdError as e:
+                unanswered = e
+        self._released_now(was_lost, unanswered)
 
     def __enter__(self) -> "Lease":
         return self
