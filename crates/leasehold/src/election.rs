@@ -70,7 +70,11 @@ impl Election {
 
     /// Waits in line until this candidate leads, then proclaims `value`.
     /// Waits however long it takes (`opts.wait` is how long each wait in the
-    /// queue lasts before it is renewed); drop the future to stop.
+    /// queue lasts before it is renewed); drop the future to stop. If the
+    /// proclaim fails (its answer lost, say), the key is released and the
+    /// error returned: observers never see a leader without a value. A
+    /// process that dies between winning and proclaiming holds the key,
+    /// unproclaimed, until its lease expires.
     pub async fn campaign(&self, value: impl AsRef<[u8]>, opts: LockOptions) -> Result<Leadership> {
         let value = value.as_ref();
         leasehold_core::limits::validate_checkpoint(value)

@@ -7,6 +7,15 @@ use std::time::Duration;
 use leasehold::{Client, Error, LockOptions};
 use leasehold_testkit::Leaseholdd;
 
+/// A client of `url` named `holder`.
+async fn client(url: &str, holder: &str) -> Client {
+    Client::builder(url)
+        .holder(holder)
+        .connect()
+        .await
+        .expect("connect")
+}
+
 fn opts() -> LockOptions {
     LockOptions::default()
         .ttl(Duration::from_secs(5))
@@ -26,11 +35,7 @@ async fn a_semaphore_never_admits_more_than_its_permits() {
         let url = server.url();
         let (inside, most, tokens) = (inside.clone(), most.clone(), tokens.clone());
         workers.push(tokio::spawn(async move {
-            let client = Client::builder(&url)
-                .holder(format!("w{i}"))
-                .connect()
-                .await
-                .expect("connect");
+            let client = client(&url, &format!("w{i}")).await;
             for _ in 0..3 {
                 let lease = client
                     .acquire("api", opts().permits(3))
@@ -64,16 +69,8 @@ async fn a_semaphore_never_admits_more_than_its_permits() {
 #[tokio::test]
 async fn a_semaphore_of_another_size_is_refused_and_status_shows_its_holders() {
     let server = Leaseholdd::start();
-    let a = Client::builder(&server.url())
-        .holder("a")
-        .connect()
-        .await
-        .expect("connect");
-    let b = Client::builder(&server.url())
-        .holder("b")
-        .connect()
-        .await
-        .expect("connect");
+    let a = client(&server.url(), "a").await;
+    let b = client(&server.url(), "b").await;
     let la = a
         .try_acquire("pool", opts().permits(2))
         .await
@@ -113,21 +110,12 @@ async fn a_semaphore_of_another_size_is_refused_and_status_shows_its_holders() {
 #[tokio::test]
 async fn readers_share_a_writer_is_alone_and_is_not_starved() {
     let server = Leaseholdd::start();
-    let client = |name: &'static str| {
-        let url = server.url();
-        async move {
-            Client::builder(&url)
-                .holder(name)
-                .connect()
-                .await
-                .expect("connect")
-        }
-    };
+    let url = server.url();
     let (r1, r2, w, r3) = (
-        client("r1").await,
-        client("r2").await,
-        client("w").await,
-        client("r3").await,
+        client(&url, "r1").await,
+        client(&url, "r2").await,
+        client(&url, "w").await,
+        client(&url, "r3").await,
     );
     let l1 = r1
         .try_acquire("doc", opts().shared())
@@ -210,11 +198,7 @@ async fn lock_sets_move_money_between_accounts_without_overlap_or_deadlock() {
         let url = server.url();
         let (balances, busy, overlaps) = (balances.clone(), busy.clone(), overlaps.clone());
         workers.push(tokio::spawn(async move {
-            let client = Client::builder(&url)
-                .holder(format!("w{w}"))
-                .connect()
-                .await
-                .expect("connect");
+            let client = client(&url, &format!("w{w}")).await;
             for round in 0..10u64 {
                 // Two or three accounts, listed in an order of this worker's.
                 let pick = (w * 7 + round * 3) as usize;
@@ -265,16 +249,8 @@ async fn lock_sets_move_money_between_accounts_without_overlap_or_deadlock() {
 #[tokio::test]
 async fn a_lock_set_is_all_or_nothing_with_one_token() {
     let server = Leaseholdd::start();
-    let a = Client::builder(&server.url())
-        .holder("a")
-        .connect()
-        .await
-        .expect("connect");
-    let b = Client::builder(&server.url())
-        .holder("b")
-        .connect()
-        .await
-        .expect("connect");
+    let a = client(&server.url(), "a").await;
+    let b = client(&server.url(), "b").await;
     let held = a.try_acquire("y", opts()).await.expect("y");
     match b.try_acquire_set(&["x", "y", "z"], opts()).await {
         Err(Error::Held { .. }) => {}
