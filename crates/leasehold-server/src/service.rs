@@ -535,6 +535,7 @@ impl LockService {
             request_id: args.request_id,
             hub: hub.clone(),
             attempt,
+            ended: false,
         };
         let queued_at = std::time::Instant::now();
         let first = self.propose_as(command.clone()).await;
@@ -581,9 +582,16 @@ impl LockService {
                         key: args.key.clone(),
                     }
                     .into()),
-                    // No outcome: leave `cancel` armed so the wait is withdrawn.
+                    // No outcome heard here (e.g. this node was cut off
+                    // and another leads): the wait may have been granted
+                    // elsewhere. Withdraw it now, and say it timed out only
+                    // once the withdrawal took effect (it also takes back a
+                    // grant made to this wait). Otherwise the outcome is
+                    // unknown: the caller retries with the same request,
+                    // which re-attaches wherever the wait now lives.
                     Ok(Err(_)) | Err(_) => {
                         hub.forget(lease, &args.key);
+                        cancel.withdraw_now().await?;
                         return Err(LockError::WaitTimeout {
                             key: args.key.clone(),
                         }
@@ -1137,10 +1145,44 @@ struct CancelOnDrop {
     request_id: RequestId,
     hub: Arc<crate::hub::Hub>,
     attempt: u64,
+    /// The attempt was ended by [`CancelOnDrop::withdraw_now`].
+    ended: bool,
+}
+
+impl CancelOnDrop {
+    /// Ends this attempt, and withdraws the wait now if it is the latest on
+    /// this node. Fails when the withdrawal may not have taken effect.
+    async fn withdraw_now(&mut self) -> Result<(), ApiError> {
+        let Some(consensus) = self.consensus.take() else {
+            return Ok(());
+        };
+        self.ended = true;
+        let latest = self
+            .hub
+            .attempt_end(self.lease, &self.key, self.request_id, self.attempt);
+        if !latest {
+            // A retry of this wait is being answered on this node.
+            return Ok(());
+        }
+        let command = Command::CancelWait {
+            lease: self.lease,
+            key: self.key.clone(),
+            request_id: self.request_id,
+        };
+        match consensus.propose(command).await {
+            Ok(Ok(Response::WaitCancelled)) => Ok(()),
+            Ok(Ok(other)) => Err(unexpected(other)),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
         let latest = self
             .hub
             .attempt_end(self.lease, &self.key, self.request_id, self.attempt);

@@ -34,6 +34,7 @@ compile_error!(
     "leasehold-sim needs `--cfg tokio_unstable` to seed tokio's randomness; .cargo/config.toml sets it (a RUSTFLAGS variable replaces it: add `--cfg tokio_unstable` there)"
 );
 
+pub mod chaos;
 pub mod checker;
 pub mod client;
 pub mod disk;

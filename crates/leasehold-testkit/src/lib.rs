@@ -27,12 +27,20 @@ pub fn free_port() -> u16 {
         .expect("bind an ephemeral port")
 }
 
-/// The path of a binary built from this workspace (`target/<profile>/NAME`).
+/// The path of a binary built from this workspace (`target/<profile>/NAME`),
+/// from a test binary (in `target/<profile>/deps/`) or from another binary
+/// beside it.
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // Test binaries live in target/<profile>/deps/.
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let path = dir.join(name);
+    let beside = exe.parent().map(|d| d.join(name));
+    let path = match beside {
+        Some(path) if path.exists() => path,
+        _ => exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .join(name),
+    };
     assert!(
         path.exists(),
         "{} is not built; run the tests with `cargo test --workspace`",
@@ -121,6 +129,25 @@ impl Process {
     pub fn restart(&mut self) {
         self.kill9();
         self.start();
+    }
+
+    /// Waits up to `limit` for the process to exit by itself; its status,
+    /// or `None` if it is still running (or was never started).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            let child = self.child.as_mut()?;
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    self.child = None;
+                    return Some(status);
+                }
+                Ok(None) if start.elapsed() < limit => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => return None,
+            }
+        }
     }
 
     /// What the process printed so far.

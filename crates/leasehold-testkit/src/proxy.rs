@@ -116,6 +116,17 @@ impl FaultProxy {
     }
 }
 
+impl FaultProxy {
+    /// Lets every source connect again (connections already cut stay cut).
+    pub fn allow_all(&self) {
+        self.faults
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.faults.stopped.store(true, Ordering::SeqCst);

@@ -301,6 +301,87 @@ async fn an_isolated_leader_loses_its_holders_before_the_majority_grants_again()
     assert_eq!(status[0].fence, lk.fence(), "{status:?}");
 }
 
+/// A wait queued at a leader that is then cut off from its followers: the
+/// new leader grants the queued wait when the key is released, and the old
+/// leader, which hears nothing, must not answer the waiting call "timed out"
+/// while the key is in fact held for it. (It did: the key then stayed held
+/// by the waiter's session, which nobody knew.) It says so only once it has
+/// withdrawn the wait; cut off, it cannot, and answers `unavailable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_a_cut_off_leader_is_never_reported_timed_out_while_granted() {
+    let _serial = serial().await;
+    let c = Cluster::start_isolatable(3);
+    let l = c.wait_leader();
+    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    let majority = format!(
+        "http://{},{}",
+        c.nodes[others[0]].addr, c.nodes[others[1]].addr
+    );
+    let a = Client::connect(&c.endpoints()).await.unwrap();
+    let la = a.try_acquire("w-key", opts(5_000)).await.unwrap();
+    // The waiter knows only the leader.
+    let waiter = Client::builder(&c.nodes[l].url())
+        .holder("waiter")
+        .connect()
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let result = waiter
+            .acquire("w-key", opts(10_000).wait(Duration::from_secs(3)))
+            .await;
+        (result, waiter)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    for &o in &others {
+        c.nodes[l]
+            .proxy
+            .as_ref()
+            .unwrap()
+            .block_from(c.nodes[o].ip());
+        c.nodes[o]
+            .proxy
+            .as_ref()
+            .unwrap()
+            .block_from(c.nodes[l].ip());
+    }
+    let majority_client = Client::connect(&majority).await.unwrap();
+    // Once the majority leads, the release goes there and the new leader
+    // grants the key to the queued wait.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match majority_client
+            .release_by_fence("w-key", la.fence().unwrap())
+            .await
+        {
+            Ok(()) => break,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("release through the majority: {e}"),
+        }
+    }
+    let (result, _waiter) = waiting.await.unwrap();
+    let held_by_waiter = majority_client
+        .status("w-key")
+        .await
+        .unwrap()
+        .iter()
+        .any(|s| s.holder == "waiter");
+    match result {
+        Ok(lease) => assert!(lease.fence() > la.fence()),
+        Err(Error::Timeout { .. }) => assert!(
+            !held_by_waiter,
+            "the wait was reported timed out, but the key is held by the waiter"
+        ),
+        // Honest: the old leader cannot know, and says so.
+        Err(e) => assert!(
+            matches!(e, Error::Unavailable(_) | Error::OutcomeUnknown(_)),
+            "{e}"
+        ),
+    }
+}
+
 /// A fourth node joins while ten clients take and release locks: it is
 /// caught up and votes, and no client sees a grant lost or a release refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
