@@ -32,6 +32,8 @@ pub mod auth;
 mod command;
 mod error;
 pub mod limits;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 mod table;
 
 pub use command::{Checkpoint, Command, Event, Grant, Mode, Response, Stamp, WaitEnd};

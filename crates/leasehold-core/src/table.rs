@@ -989,7 +989,11 @@ impl LockTable {
             }
             let (key, fence, holder) = (key.clone(), holding.fence, lease.holder.clone());
             if expired {
-                if holding.lock_delay_ms > 0 {
+                #[cfg(feature = "planted-bugs")]
+                let delay = !crate::planted::is(crate::planted::TableBug::NoLockDelay);
+                #[cfg(not(feature = "planted-bugs"))]
+                let delay = true;
+                if delay && holding.lock_delay_ms > 0 {
                     let until = self.now.saturating_add(holding.lock_delay_ms);
                     lock.extra_mut().delayed_until = Some(until);
                     self.delay_deadlines.insert((until, key.clone()));
@@ -1192,7 +1196,7 @@ impl LockTable {
                     None => return Err(LockError::invalid("key", "vanished")),
                 };
                 if let Some(lock) = self.locks.get_mut(&key) {
-                    lock.extra_mut().waiters.push_back(Waiter {
+                    let waiter = Waiter {
                         lease: lease_id,
                         mode: ask.mode,
                         set: None,
@@ -1200,7 +1204,15 @@ impl LockTable {
                         lock_delay_ms: ask.lock_delay_ms,
                         request_id: ask.request_id,
                         attach_by: None,
-                    });
+                    };
+                    #[cfg(feature = "planted-bugs")]
+                    if crate::planted::is(crate::planted::TableBug::LifoQueue) {
+                        lock.extra_mut().waiters.push_front(waiter);
+                    } else {
+                        lock.extra_mut().waiters.push_back(waiter);
+                    }
+                    #[cfg(not(feature = "planted-bugs"))]
+                    lock.extra_mut().waiters.push_back(waiter);
                 }
                 self.wait_deadlines
                     .insert((deadline, key.clone(), lease_id));

@@ -29,6 +29,9 @@ use crate::net::{ClientAnswer, ClientCall, Net};
 /// The shared resource the locks protect: one fenced register per key.
 pub const RESOURCE: &str = "resource";
 
+/// The lock-delay odd-numbered clients ask for (the TTL is 600 ms).
+pub const LOCK_DELAY_MS: u64 = 300;
+
 /// How a client behaves.
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -226,7 +229,8 @@ impl SimClient {
                 lease: LeaseSpec::Existing(lease),
                 key: key.clone(),
                 wait_ms: self.workload.wait.as_millis() as u64,
-                lock_delay_ms: 0,
+                // Odd clients ask for a lock-delay, so expiries start some.
+                lock_delay_ms: if self.id % 2 == 1 { LOCK_DELAY_MS } else { 0 },
                 request_id: request_id(),
                 mode: leasehold_core::Mode::Exclusive,
                 set: Vec::new(),

@@ -24,9 +24,11 @@
 //! crashes that lose unsynced log entries, a whole-cluster power loss, a node
 //! frozen past the election timeout and the TTL, a client cut off after its
 //! answers came late, a client's process paused past its TTL between its
-//! `token()` check and its write, a member removed and added back, and
-//! clocks that drift by up to [`MAX_DRIFT`]. The [`checker`] states what
-//! every history must satisfy. Bugs can be planted ([`Bug`]) to show the
+//! `token()` check and its write, a member removed and added back, a node
+//! that was never a member joining, and clocks that drift by up to
+//! [`MAX_DRIFT`]. The [`checker`] states what every history must satisfy;
+//! [`applied`] follows what the nodes applied, for FIFO order and
+//! lock-delay. [`chaos`] runs the same checker over real processes. Bugs can be planted ([`Bug`]) to show the
 //! checker catches them.
 
 #[cfg(not(tokio_unstable))]
@@ -34,6 +36,7 @@ compile_error!(
     "leasehold-sim needs `--cfg tokio_unstable` to seed tokio's randomness; .cargo/config.toml sets it (a RUSTFLAGS variable replaces it: add `--cfg tokio_unstable` there)"
 );
 
+pub mod applied;
 pub mod chaos;
 pub mod checker;
 pub mod client;
@@ -49,6 +52,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold_core::planted::TableBug;
 use leasehold_fence::MemoryGate;
 use leasehold_server::raft::RaftOptions;
 use leasehold_server::service::PlantedBug;
@@ -79,16 +83,22 @@ pub enum Bug {
     StaleRead,
     /// A checkpoint save is acknowledged and never written.
     LostCheckpoint,
+    /// The table puts a new waiter at the front of the queue.
+    LifoQueue,
+    /// An expiry never starts the hold's lock-delay.
+    NoLockDelay,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 5] = [
+    pub const ALL: [Bug; 7] = [
         Bug::AckBeforeFsync,
         Bug::BlindRelease,
         Bug::DeadlineFromReply,
         Bug::StaleRead,
         Bug::LostCheckpoint,
+        Bug::LifoQueue,
+        Bug::NoLockDelay,
     ];
 
     /// Its name on the command line.
@@ -99,6 +109,8 @@ impl Bug {
             Bug::DeadlineFromReply => "deadline-from-reply",
             Bug::StaleRead => "stale-read",
             Bug::LostCheckpoint => "lost-checkpoint",
+            Bug::LifoQueue => "lifo-queue",
+            Bug::NoLockDelay => "no-lock-delay",
         }
     }
 }
@@ -179,6 +191,8 @@ pub struct Report {
     pub exits: u64,
     /// The checker's findings.
     pub verdict: Verdict,
+    /// What the nodes applied, as followed for FIFO order and lock-delay.
+    pub applied: applied::AppliedStats,
     /// A digest of the whole history: equal for equal seeds.
     pub digest: u64,
     /// Everything recorded.
@@ -210,11 +224,145 @@ pub struct Sandbox {
     pub nodes: Vec<world::HostId>,
     /// Node `i + 1`'s disk.
     pub disks: Vec<Arc<disk::Disk>>,
+    /// What the nodes applied, followed for FIFO order and lock-delay.
+    pub applied: applied::AppliedLog,
     rng: StdRng,
 }
 
 fn drift(rng: &mut StdRng) -> f64 {
     1.0 + rng.gen_range(-MAX_DRIFT..=MAX_DRIFT)
+}
+
+/// Node `id`'s parts: a fresh disk, Raft timing and a sync time drawn from
+/// `rng`, and `bug` if it is planted in nodes.
+fn node_parts(
+    id: u64,
+    members: Vec<u64>,
+    rng: &mut StdRng,
+    bug: Option<Bug>,
+    net: &Net,
+    registry: &node::Registry,
+    applied: &applied::AppliedLog,
+) -> NodeParts {
+    // Distinct election timeouts from the seed: openraft draws its own from
+    // the thread's generator, so each node's range is one millisecond wide
+    // and the seed picks where it lies.
+    let low = rng.gen_range(150..450);
+    NodeParts {
+        id,
+        members,
+        disk: Arc::default(),
+        snapshots: Default::default(),
+        options: RaftOptions {
+            snapshot_every: 200,
+            snapshot_chunk_bytes: 4096,
+            heartbeat: Duration::from_millis(50),
+            election_timeout: (Duration::from_millis(low), Duration::from_millis(low + 1)),
+        },
+        sync_time: Duration::from_micros(rng.gen_range(2000..15000)),
+        ack_before_sync: bug == Some(Bug::AckBeforeFsync),
+        planted: match bug {
+            Some(Bug::BlindRelease) => Some(PlantedBug::BlindRelease),
+            Some(Bug::StaleRead) => Some(PlantedBug::StaleRead),
+            Some(Bug::LostCheckpoint) => Some(PlantedBug::LostCheckpoint),
+            _ => None,
+        },
+        net: net.clone(),
+        registry: registry.clone(),
+        applied: applied.clone(),
+    }
+}
+
+/// A node that was never a member, started during the faults and added
+/// through the leader (learner, catch-up, voter), in a third of the runs.
+/// It draws from its own generator, so the other faults of a seed are the
+/// same with or without it until it starts.
+struct Joiner {
+    rng: StdRng,
+    id: u64,
+    /// When it starts, if this run has one.
+    at: Option<Micros>,
+    host: Option<world::HostId>,
+    next_try: Micros,
+    joined_at: Option<Micros>,
+}
+
+impl Joiner {
+    fn new(seed: u64, nodes: usize, faulty_until: Micros) -> Joiner {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x6a6f_696e_6572);
+        let at = (rng.gen_bool(1.0 / 3.0) && faulty_until > 4_000_000)
+            .then(|| rng.gen_range(2_000_000..faulty_until - 2_000_000));
+        Joiner {
+            rng,
+            id: nodes as u64 + 1,
+            at,
+            host: None,
+            next_try: 0,
+            joined_at: None,
+        }
+    }
+
+    /// Its address, for clients to know from the start (calls to it fail
+    /// until it runs).
+    fn addr(&self) -> Option<String> {
+        self.at.map(|_| node::addr(self.id))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn act(
+        &mut self,
+        world: &mut World,
+        history: &History,
+        sandbox: (
+            &Net,
+            &node::Registry,
+            &applied::AppliedLog,
+            &[world::HostId],
+        ),
+        bug: Option<Bug>,
+        voters: &[u64],
+        now: Micros,
+    ) {
+        let (net, registry, applied, nodes) = sandbox;
+        let Some(at) = self.at else { return };
+        if now < at || self.joined_at.is_some() || now < self.next_try {
+            return;
+        }
+        let id = self.id;
+        if self.host.is_none() {
+            let mut members = voters.to_vec();
+            members.push(id);
+            let parts = node_parts(id, members, &mut self.rng, bug, net, registry, applied);
+            let rate = drift(&mut self.rng);
+            let host = world.add(&node::addr(id), rate, move || parts.clone().run());
+            world.supervise(host);
+            self.host = Some(host);
+            history.record(Event::Fault {
+                kind: "join",
+                detail: format!("n{id}, never a member, started and added through the leader"),
+            });
+        }
+        if registry.is_voter(id) {
+            self.joined_at = Some(now);
+            history.record(Event::Healed {
+                detail: format!("n{id} is a voter"),
+            });
+            return;
+        }
+        self.next_try = now + 200_000;
+        let Some((leader, _)) = registry.leader() else {
+            return;
+        };
+        let on = match nodes.get(leader as usize - 1) {
+            Some(&host) if leader < id => host,
+            _ => self.host.unwrap_or(0),
+        };
+        if let Some(consensus) = registry.get(leader) {
+            world.spawn_on(on, async move {
+                let _ = consensus.add_member(id, node::addr(id)).await;
+            });
+        }
+    }
 }
 
 impl Sandbox {
@@ -229,34 +377,18 @@ impl Sandbox {
         let mut world = World::new(seed, TICK, history.clone());
         let members: Vec<u64> = (1..=nodes as u64).collect();
         let registry = node::Registry::default();
+        let applied = applied::AppliedLog::default();
         let (mut hosts, mut disks) = (Vec::new(), Vec::new());
         for &id in &members {
-            // Distinct election timeouts from the seed: openraft draws its
-            // own from the thread's generator, so each node's range is one
-            // millisecond wide and the seed picks where it lies.
-            let low = rng.gen_range(150..450);
-            let parts = NodeParts {
+            let parts = node_parts(
                 id,
-                members: members.clone(),
-                disk: Arc::default(),
-                snapshots: Default::default(),
-                options: RaftOptions {
-                    snapshot_every: 200,
-                    snapshot_chunk_bytes: 4096,
-                    heartbeat: Duration::from_millis(50),
-                    election_timeout: (Duration::from_millis(low), Duration::from_millis(low + 1)),
-                },
-                sync_time: Duration::from_micros(rng.gen_range(2000..15000)),
-                ack_before_sync: bug == Some(Bug::AckBeforeFsync),
-                planted: match bug {
-                    Some(Bug::BlindRelease) => Some(PlantedBug::BlindRelease),
-                    Some(Bug::StaleRead) => Some(PlantedBug::StaleRead),
-                    Some(Bug::LostCheckpoint) => Some(PlantedBug::LostCheckpoint),
-                    _ => None,
-                },
-                net: net.clone(),
-                registry: registry.clone(),
-            };
+                members.clone(),
+                &mut rng,
+                bug,
+                &net,
+                &registry,
+                &applied,
+            );
             disks.push(parts.disk.clone());
             let rate = drift(&mut rng);
             let host = world.add(&node::addr(id), rate, move || parts.clone().run());
@@ -270,6 +402,7 @@ impl Sandbox {
             registry,
             nodes: hosts,
             disks,
+            applied,
             rng,
         }
     }
@@ -289,6 +422,22 @@ impl Sandbox {
     }
 }
 
+/// Plants a table bug on this thread while it lives.
+struct PlantedTable;
+
+impl PlantedTable {
+    fn new(bug: Option<TableBug>) -> PlantedTable {
+        leasehold_core::planted::plant(bug);
+        PlantedTable
+    }
+}
+
+impl Drop for PlantedTable {
+    fn drop(&mut self) {
+        leasehold_core::planted::plant(None);
+    }
+}
+
 /// Runs one simulation.
 pub fn run(config: &Config) -> Report {
     let Sandbox {
@@ -298,8 +447,15 @@ pub fn run(config: &Config) -> Report {
         registry,
         nodes,
         disks,
+        applied,
         mut rng,
     } = Sandbox::new(config.seed, config.nodes, config.bug);
+    // The table's bugs are planted on this thread, where every host runs.
+    let _planted = PlantedTable::new(match config.bug {
+        Some(Bug::LifoQueue) => Some(TableBug::LifoQueue),
+        Some(Bug::NoLockDelay) => Some(TableBug::NoLockDelay),
+        _ => None,
+    });
     let members: Vec<u64> = (1..=config.nodes as u64).collect();
     let gate = Arc::new(MemoryGate::new());
     let faulty_until = config.faulty.as_micros() as Micros;
@@ -312,14 +468,12 @@ pub fn run(config: &Config) -> Report {
         deadline_from_reply: config.bug == Some(Bug::DeadlineFromReply),
         until: faulty_until + 4_000_000,
     };
+    let mut joiner = Joiner::new(config.seed, config.nodes, faulty_until);
     let mut clients = Vec::new();
     for c in 0..config.clients {
-        let client = Arc::new((
-            c,
-            drift(&mut rng),
-            rng.gen::<u64>(),
-            members.iter().map(|&id| node::addr(id)).collect::<Vec<_>>(),
-        ));
+        let mut addrs: Vec<String> = members.iter().map(|&id| node::addr(id)).collect();
+        addrs.extend(joiner.addr());
+        let client = Arc::new((c, drift(&mut rng), rng.gen::<u64>(), addrs));
         let (net, history, gate, workload) =
             (net.clone(), history.clone(), gate.clone(), workload.clone());
         let rate = client.1;
@@ -344,7 +498,7 @@ pub fn run(config: &Config) -> Report {
         config.clients,
         disks.clone(),
         net.clone(),
-        registry,
+        registry.clone(),
     );
     let cap = faulty_until + 20_000_000;
     let mut failure = None;
@@ -356,6 +510,14 @@ pub fn run(config: &Config) -> Report {
         } else {
             nemesis.heal(&mut world, &history);
         }
+        joiner.act(
+            &mut world,
+            &history,
+            (&net, &registry, &applied, &nodes),
+            config.bug,
+            &members,
+            now,
+        );
         if let Err(e) = world.step() {
             failure = Some(e.to_string());
             break;
@@ -374,18 +536,35 @@ pub fn run(config: &Config) -> Report {
                 true
             }
         });
-        if now > faulty_until && clients.iter().all(|&c| world.is_done(c)) {
+        if now > faulty_until
+            && clients.iter().all(|&c| world.is_done(c))
+            && (joiner.at.is_none() || joiner.joined_at.is_some())
+        {
             break;
         }
     }
     if let Some(failure) = failure {
         history.record(Event::Panic { message: failure });
     }
-    for host in nodes.iter().chain(&clients) {
+    for host in nodes.iter().chain(&clients).chain(&joiner.host) {
         world.crash(*host);
     }
     let records = history.records();
-    let verdict = checker::check(&records, nemesis.healed_at().unwrap_or(faulty_until));
+    let healed = nemesis
+        .healed_at()
+        .unwrap_or(faulty_until)
+        .max(joiner.joined_at.unwrap_or(0));
+    let mut verdict = checker::check(&records, healed);
+    if let (Some(at), None) = (joiner.at, joiner.joined_at) {
+        verdict.violations.push(format!(
+            "n{}, started at {at} µs to join, never became a voter",
+            joiner.id
+        ));
+    }
+    let applied = applied.stats();
+    verdict
+        .violations
+        .extend(applied.violations.iter().cloned());
     let mut hasher = DefaultHasher::new();
     for r in &records {
         r.to_string().hash(&mut hasher);
@@ -409,6 +588,7 @@ pub fn run(config: &Config) -> Report {
             .filter(|r| matches!(r.event, Event::Exited { .. }))
             .count() as u64,
         verdict,
+        applied,
         digest: hasher.finish(),
         history: records,
     }

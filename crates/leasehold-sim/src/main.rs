@@ -34,7 +34,7 @@ struct Args {
     #[arg(long, default_value_t = 12)]
     faulty_secs: u64,
     /// Plant a bug: ack-before-fsync, blind-release, deadline-from-reply,
-    /// stale-read.
+    /// stale-read, lost-checkpoint, lifo-queue, no-lock-delay.
     #[arg(long)]
     bug: Option<Bug>,
     /// Print the whole history of a single seed.
@@ -58,6 +58,7 @@ fn main() {
     let started = Instant::now();
     let (mut ops, mut failed, mut longest, mut lost) = (0u64, Vec::new(), (0u64, 0u64), 0u64);
     let mut exits = Vec::new();
+    let (mut queue_grants, mut delays, mut gaps) = (0u64, 0u64, 0u64);
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     for (i, &seed) in seeds.iter().enumerate() {
         if i > 0 && i % 1000 == 0 {
@@ -74,6 +75,9 @@ fn main() {
             }
         }
         ops += report.operations;
+        queue_grants += report.applied.queue_grants;
+        delays += report.applied.delays;
+        gaps += u64::from(report.applied.gap_at.is_some());
         lost += report.lost_entries;
         if report.exits > 0 {
             exits.push(seed);
@@ -107,6 +111,9 @@ fn main() {
     let kinds: Vec<String> = faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!("faults injected: {}", kinds.join(", "));
     println!("unsynced log entries lost to crashes: {lost}");
+    println!(
+        "followed for FIFO and lock-delay: {queue_grants} grants from queues, {delays} lock-delays; runs cut short by an index no node applied: {gaps}"
+    );
     println!(
         "seeds in which a node's raft stopped and the node was restarted: {} {:?}",
         exits.len(),

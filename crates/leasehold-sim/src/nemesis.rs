@@ -11,6 +11,7 @@
 //! | `freeze` | one node frozen past the election timeout and often the TTL |
 //! | `client-cut` | answers to one client slowed, then the client cut off from every node |
 //! | `membership` | one node removed from the group through the leader, later added back (learner, then voter) |
+//! | `join` | (in a third of the runs, from its own generator: see `Joiner` in the crate root) a node that was never a member started and added through the leader |
 //!
 //! Clients stall on their own (`client-stall`, see [`client`](crate::client));
 //! clocks drift from the start ([`MAX_DRIFT`](crate::MAX_DRIFT)).
@@ -145,10 +146,21 @@ impl Nemesis {
         let Some((leader, _)) = self.registry.leader() else {
             return;
         };
-        if let Some(consensus) = self.registry.get(leader) {
-            world.spawn_on(self.nodes[leader as usize - 1], async move {
+        if let (Some(consensus), Some(on)) =
+            (self.registry.get(leader), self.host_of(world, leader))
+        {
+            world.spawn_on(on, async move {
                 let _ = consensus.add_member(id, addr(id)).await;
             });
+        }
+    }
+
+    /// A host to run an operator's call to node `id` on: its own, or (for
+    /// a node that joined later) any node that is up.
+    fn host_of(&self, world: &World, id: u64) -> Option<HostId> {
+        match self.nodes.get(id as usize - 1) {
+            Some(&host) => Some(host),
+            None => self.nodes.iter().copied().find(|&h| world.is_up(h)),
         }
     }
 
@@ -156,7 +168,10 @@ impl Nemesis {
     fn target(&mut self) -> usize {
         let leader = self.registry.leader();
         match leader {
-            Some((id, _)) if self.rng.gen_bool(0.6) => id as usize - 1,
+            // A node that joined later leads at times: not one of these.
+            Some((id, _)) if self.rng.gen_bool(0.6) && id as usize <= self.nodes.len() => {
+                id as usize - 1
+            }
             _ => self.rng.gen_range(0..self.nodes.len()),
         }
     }
@@ -177,8 +192,10 @@ impl Nemesis {
                 let node = self.target();
                 let id = node as u64 + 1;
                 if let Some((leader, _)) = self.registry.leader() {
-                    if let Some(consensus) = self.registry.get(leader) {
-                        world.spawn_on(self.nodes[leader as usize - 1], async move {
+                    if let (Some(consensus), Some(on)) =
+                        (self.registry.get(leader), self.host_of(world, leader))
+                    {
+                        world.spawn_on(on, async move {
                             let _ = consensus.remove_member(id).await;
                         });
                     }

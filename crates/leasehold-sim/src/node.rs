@@ -13,6 +13,7 @@ use leasehold_server::raft::{
 };
 use leasehold_server::service::{LockService, PlantedBug};
 
+use crate::applied::AppliedLog;
 use crate::disk::{Disk, SimLog};
 use crate::net::{ClientAnswer, ClientCall, Envelope, Net, SimTransport};
 
@@ -95,6 +96,8 @@ pub struct NodeParts {
     pub net: Net,
     /// Where it says it is up.
     pub registry: Registry,
+    /// Where its state machine shows what it applies.
+    pub applied: AppliedLog,
 }
 
 impl NodeParts {
@@ -123,6 +126,7 @@ impl NodeParts {
             self.options.snapshot_every,
             Arc::new(AtomicU64::new(0)),
         )?;
+        sm.tap(self.applied.tap());
         let transport = Arc::new(SimTransport {
             from: me.clone(),
             net: self.net.clone(),

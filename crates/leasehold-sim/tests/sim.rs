@@ -111,6 +111,64 @@ fn a_stale_read_is_caught_within_10_seeds() {
     assert_caught(Bug::StaleRead, 10, "read of");
 }
 
+#[test]
+fn a_queue_that_serves_the_newest_first_is_caught_within_10_seeds() {
+    assert_caught(Bug::LifoQueue, 10, "FIFO broken");
+}
+
+#[test]
+fn an_expiry_without_its_lock_delay_is_caught_within_10_seeds() {
+    assert_caught(Bug::NoLockDelay, 10, "lock-delay broken");
+}
+
+/// The FIFO and lock-delay checks have something to check: grants from
+/// queues and expiries with a lock-delay, over most of each run.
+#[test]
+fn queues_and_lock_delays_are_followed() {
+    let reports: Vec<Report> = (0..10).map(|seed| run(&Config::seed(seed))).collect();
+    let queue_grants: u64 = reports.iter().map(|r| r.applied.queue_grants).sum();
+    let delays: u64 = reports.iter().map(|r| r.applied.delays).sum();
+    let whole = reports
+        .iter()
+        .filter(|r| r.applied.gap_at.is_none())
+        .count();
+    assert!(queue_grants >= 100, "grants from queues: {queue_grants}");
+    assert!(delays >= 5, "lock-delays started: {delays}");
+    assert!(whole >= 8, "runs followed to the end: {whole} of 10");
+}
+
+/// In a third of the runs a node that was never a member starts during the
+/// faults and is added through the leader; it becomes a voter, and those
+/// runs pass.
+#[test]
+fn a_node_that_was_never_a_member_joins_and_votes() {
+    let mut joined = 0;
+    for seed in 0..12 {
+        let report = run(&Config::seed(seed));
+        let started = report
+            .history
+            .iter()
+            .any(|r| matches!(&r.event, Event::Fault { kind: "join", .. }));
+        if !started {
+            continue;
+        }
+        assert!(
+            report.passed(),
+            "seed {seed}: {:#?}",
+            report.verdict.violations
+        );
+        assert!(
+            report
+                .history
+                .iter()
+                .any(|r| matches!(&r.event, Event::Healed { detail } if detail == "n4 is a voter")),
+            "seed {seed}: n4 never became a voter"
+        );
+        joined += 1;
+    }
+    assert!(joined >= 2, "joins in 12 seeds: {joined}");
+}
+
 fn faults(seeds: std::ops::Range<u64>) -> Vec<Report> {
     seeds.map(|seed| run(&Config::seed(seed))).collect()
 }

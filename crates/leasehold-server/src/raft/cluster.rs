@@ -134,8 +134,17 @@ impl Consensus {
         }
     }
 
+    /// Refuses unless this node leads and is a voter of the latest
+    /// membership: a leader that has just removed itself still leads until
+    /// that change commits, and must not start another one (openraft 0.9
+    /// asserts against it in debug builds).
     fn leader_only(&self) -> Result<(), ApiError> {
-        if self.raft.metrics().borrow().state != ServerState::Leader {
+        let (state, me) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            (m.state, m.id)
+        };
+        if state != ServerState::Leader || !self.voters().contains(&me) {
             return Err(self.not_leader().into());
         }
         Ok(())

@@ -43,7 +43,7 @@ pub use node::{NodeSpec, RaftOptions};
 pub use peer::{GrpcTransport, PeerCall, Transport, TransportError};
 pub use snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use state_machine::Shared;
-pub use state_machine::StateMachine;
+pub use state_machine::{AppliedCommand, ApplyTap, StateMachine};
 
 /// One entry of the replicated log: a batch of commands and the leader's stamp
 /// on it (see `batch`).

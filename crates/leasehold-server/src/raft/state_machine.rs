@@ -3,9 +3,9 @@
 
 use std::io::{self, Cursor};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use leasehold_core::{LockTable, Outcome};
+use leasehold_core::{Command, Event, LockTable, Outcome, Time};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageError,
@@ -26,6 +26,26 @@ pub(crate) struct Applied {
     pub membership: StoredMembership<NodeId, Node>,
 }
 
+/// One command as the state machine applied it, for an [`ApplyTap`].
+#[derive(Debug, Clone)]
+pub struct AppliedCommand {
+    /// The command.
+    pub command: Command,
+    /// What the table answered.
+    pub outcome: Outcome,
+    /// What happened in the table, in order.
+    pub events: Vec<Event>,
+    /// Table time after it.
+    pub now: Time,
+}
+
+/// Sees every log entry this state machine applies, in order, as it applies
+/// it (with the applied state locked: it must not call back into the node).
+/// For observers that check the table's behaviour from outside, such as a
+/// simulation's; entries without commands (blank, membership) come with
+/// none.
+pub type ApplyTap = Arc<dyn Fn(u64, &[AppliedCommand]) + Send + Sync>;
+
 /// Shared by the state machine, snapshot builders and the API's reads.
 pub(crate) struct Shared {
     applied: Mutex<Applied>,
@@ -41,6 +61,7 @@ pub(crate) struct Shared {
     pub snapshot_due: Notify,
     /// The last applied index, for the log store (applied entries leave its memory).
     applied_index: Arc<AtomicU64>,
+    tap: OnceLock<ApplyTap>,
 }
 
 impl Shared {
@@ -97,8 +118,15 @@ impl StateMachine {
                 snapshot_requested: AtomicBool::new(false),
                 snapshot_due: Notify::new(),
                 applied_index,
+                tap: OnceLock::new(),
             }),
         })
+    }
+
+    /// Shows every entry applied from now on to `tap` (once; a second tap is
+    /// ignored).
+    pub fn tap(&self, tap: ApplyTap) {
+        let _ = self.shared.tap.set(tap);
     }
 }
 
@@ -157,10 +185,31 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut events = Vec::new();
         {
             let mut applied = self.shared.lock();
+            let tap = self.shared.tap.get();
             for entry in entries {
                 applied.last_applied = Some(entry.log_id);
+                let mut seen = Vec::new();
                 let answers = match entry.payload {
                     EntryPayload::Blank => Vec::new(),
+                    EntryPayload::Normal(request) if tap.is_some() => {
+                        let stamp = request.stamp;
+                        let table = &mut applied.table;
+                        request
+                            .commands
+                            .into_iter()
+                            .map(|c| {
+                                let (from, command) = (events.len(), c.clone());
+                                let outcome = table.apply(stamp, c, &mut events);
+                                seen.push(AppliedCommand {
+                                    command,
+                                    outcome: outcome.clone(),
+                                    events: events[from..].to_vec(),
+                                    now: table.now(),
+                                });
+                                outcome
+                            })
+                            .collect()
+                    }
                     EntryPayload::Normal(request) => {
                         let stamp = request.stamp;
                         let table = &mut applied.table;
@@ -175,6 +224,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         Vec::new()
                     }
                 };
+                if let Some(tap) = tap {
+                    tap(entry.log_id.index, &seen);
+                }
                 outcomes.push(answers);
             }
             if let Some(last) = applied.last_applied {
