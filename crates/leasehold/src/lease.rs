@@ -172,7 +172,10 @@ impl Lease {
 
     /// Releases the lock now. After a loss this returns [`Error::LeaseLost`];
     /// the ownership-checked release still goes out, and cannot touch a newer
-    /// holder's lock.
+    /// holder's lock. If no node took the release, or its answer was lost,
+    /// this returns [`Error::Unavailable`] or [`Error::OutcomeUnknown`], and
+    /// the leaseholdd backend keeps sending it in the background until it is
+    /// answered or the lease ends.
     pub async fn release(mut self) -> Result<()> {
         let live = self.is_live();
         let released = match self.hold.take() {

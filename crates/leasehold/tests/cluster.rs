@@ -382,6 +382,47 @@ async fn a_wait_on_a_cut_off_leader_is_never_reported_timed_out_while_granted() 
     }
 }
 
+/// A release that no node could take (the whole cluster was down) is not
+/// forgotten: the client sends it again in the background once the cluster
+/// is back, and meanwhile does not take the key again on the same session.
+/// (It used to drop the release: the key stayed held by the session, which
+/// went on renewing it, and the client's next acquire of it was answered
+/// with the old hold and its old token.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_nobody_took_is_sent_again_once_the_cluster_is_back() {
+    let _serial = serial().await;
+    let mut c = Cluster::start(3);
+    let client = Client::connect(&c.endpoints()).await.unwrap();
+    // A TTL that outlasts the outage, so the session lives through it.
+    let held = client.try_acquire("r-key", opts(30_000)).await.unwrap();
+    let first = held.fence().unwrap();
+    for i in 0..3 {
+        c.kill(i);
+    }
+    let released = held.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(Error::Unavailable(_) | Error::OutcomeUnknown(_))
+        ),
+        "{released:?}"
+    );
+    for i in 0..3 {
+        c.restart(i);
+    }
+    c.wait_leader();
+    let again = client
+        .acquire("r-key", opts(30_000).wait(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert!(
+        again.fence().unwrap() > first,
+        "the key was still held by the first hold (fence {first})"
+    );
+    let status = client.status("r-key").await.unwrap();
+    assert_eq!(status[0].holders.len(), 1, "{status:?}");
+}
+
 /// A fourth node joins while ten clients take and release locks: it is
 /// caught up and votes, and no client sees a grant lost or a release refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -342,6 +342,13 @@ impl Leaseholdd {
                     if session.private {
                         Self::end_session(&self.endpoints, &session).await;
                     }
+                    let open = matches!(e, Error::Unavailable(_) | Error::OutcomeUnknown(_));
+                    if open && !session.private && !retry_unavailable(attempt) {
+                        // Given up with the outcome open: the wait may have
+                        // been granted, or may still be, to the session.
+                        settle_acquire(self.endpoints.clone(), claim.clone(), request.clone());
+                        return Err(e);
+                    }
                     match e {
                         // The session expired under us (e.g. the server was down
                         // longer than its TTL): start a new one, once.
@@ -596,14 +603,98 @@ impl Backend for Leaseholdd {
 }
 
 async fn release(endpoints: &Endpoints, key: &str, fence: Fence) -> Result<()> {
-    let request = pb::ReleaseRequest {
+    call_again::<pb::ReleaseResponse>(endpoints, Op::Release, &release_request(key, fence), key)
+        .await
+        .map(drop)
+}
+
+fn release_request(key: &str, fence: Fence) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
         key: key.to_string(),
         fence,
         request_id: rand::random::<u64>() | 1,
+    }
+}
+
+/// Whether an error leaves the outcome of a call open: nobody took it, or
+/// its answer was lost.
+fn unsettled<T>(result: &Result<T>) -> bool {
+    matches!(
+        result,
+        Err(Error::Unavailable(_) | Error::OutcomeUnknown(_))
+    )
+}
+
+/// Pause between background attempts to settle a call.
+const SETTLE_PAUSE: Duration = Duration::from_millis(500);
+
+/// Sends `request` (a release) again in the background, with the same
+/// request id, until its outcome is known or the session's lease is over
+/// (which frees the key anyway). The claim on the key is kept meanwhile, so
+/// this client does not take the key again on the same session before it is
+/// released: a later acquire of it goes out under a lease of its own and
+/// waits its turn.
+fn settle_release(endpoints: Arc<Endpoints>, claim: Arc<Claim>, request: pb::ReleaseRequest) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
     };
-    call_again::<pb::ReleaseResponse>(endpoints, Op::Release, &request, key)
-        .await
-        .map(drop)
+    runtime.spawn(async move {
+        while claim.session.liveness.is_live() {
+            tokio::time::sleep(SETTLE_PAUSE).await;
+            let result = endpoints
+                .call::<pb::ReleaseResponse>(Op::Release, &request)
+                .await
+                .map_err(|e| e.into_error(&request.key));
+            if !unsettled(&result) {
+                tracing::debug!(key = %request.key, ?result, "a release whose answer was lost is settled");
+                return;
+            }
+        }
+    });
+}
+
+/// Asks again in the background, with the same request id, for an acquire
+/// on a shared session whose outcome was left open (the caller was told
+/// so), until the answer is known; a grant it turns out to have made is
+/// released. The claim on the key is kept meanwhile (see [`settle_release`]).
+fn settle_acquire(endpoints: Arc<Endpoints>, claim: Arc<Claim>, mut request: pb::AcquireRequest) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    // Re-attach, and let the server withdraw the wait at once if it is
+    // still queued.
+    request.wait_ms = request.wait_ms.min(1);
+    runtime.spawn(async move {
+        while claim.session.liveness.is_live() {
+            tokio::time::sleep(SETTLE_PAUSE).await;
+            let call = |mut rpc: Rpc| {
+                let request = request.clone();
+                async move { rpc.acquire(request).await }
+            };
+            let result = endpoints
+                .grpc(call)
+                .await
+                .map_err(|s| error(&request.key, s));
+            match result {
+                Ok(granted) => {
+                    let release = release_request(&request.key, granted.fence);
+                    let result = call_again::<pb::ReleaseResponse>(
+                        &endpoints,
+                        Op::Release,
+                        &release,
+                        &request.key,
+                    )
+                    .await;
+                    if unsettled(&result) {
+                        settle_release(endpoints, claim, release);
+                    }
+                    return;
+                }
+                result if unsettled(&result) => {}
+                _ => return,
+            }
+        }
+    });
 }
 
 /// Sends a framed call that is safe to send again (it carries a request id,
@@ -645,9 +736,17 @@ impl Hold for LeaseholddHold {
         // The session's renewal covers other locks too and goes on; the
         // release is ownership-checked by this hold's token. A lease made
         // for this lock alone ends with it.
-        let released = release(&self.endpoints, &self.key, self.fence).await;
+        let request = release_request(&self.key, self.fence);
+        let released =
+            call_again::<pb::ReleaseResponse>(&self.endpoints, Op::Release, &request, &self.key)
+                .await
+                .map(drop);
         if self.claim.session.private {
             Leaseholdd::end_session(&self.endpoints, &self.claim.session).await;
+        } else if unsettled(&released) {
+            // Left open, the key would stay held by a session that renews
+            // other locks: settle it in the background.
+            settle_release(self.endpoints.clone(), self.claim.clone(), request);
         }
         released
     }
