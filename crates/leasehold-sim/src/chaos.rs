@@ -232,6 +232,11 @@ pub async fn client(args: ClientArgs) -> anyhow::Result<()> {
                     break;
                 }
             };
+            // Some writes take a while after the check (work done between
+            // `token()` and the write), so a freeze lands there more often.
+            if rng.gen_bool(0.3) {
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(20..150))).await;
+            }
             let admitted = match gate.write(&key, token, format!("c{me}").into_bytes()).await {
                 Ok(()) => true,
                 Err(GateError::Stale(_)) => false,
