@@ -458,24 +458,6 @@ impl Run {
         found
     }
 
-    fn isolate(&self, i: usize, cut: bool) {
-        let nodes = &self.cluster.nodes;
-        for (j, other) in nodes.iter().enumerate() {
-            if j == i {
-                continue;
-            }
-            for (proxy, from) in [(&nodes[i].proxy, other.ip()), (&other.proxy, nodes[i].ip())] {
-                if let Some(p) = proxy {
-                    if cut {
-                        p.block_from(from)
-                    } else {
-                        p.allow_all()
-                    }
-                }
-            }
-        }
-    }
-
     fn inject(&mut self, fault: Fault, rng: &mut StdRng, ttl: Duration) {
         let span = match fault {
             Fault::Kill => Duration::from_millis(rng.gen_range(300..3_000)),
@@ -507,7 +489,7 @@ impl Run {
                     p.pause()
                 }
             }
-            Fault::Partition => self.isolate(target, true),
+            Fault::Partition => self.cluster.isolate(target),
             Fault::ClientFreeze => self.clients[target].pause(),
         }
         std::thread::sleep(span);
@@ -518,7 +500,7 @@ impl Run {
                     p.resume()
                 }
             }
-            Fault::Partition => self.isolate(target, false),
+            Fault::Partition => self.cluster.heal(),
             Fault::ClientFreeze => self.clients[target].resume(),
         }
         self.note(Event::Healed {

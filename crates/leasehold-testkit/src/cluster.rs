@@ -222,6 +222,26 @@ impl Cluster {
         found.unwrap_or(0)
     }
 
+    /// Cuts node `i` (of an isolatable cluster) off from the other nodes,
+    /// both ways; clients still reach every node.
+    pub fn isolate(&self, i: usize) {
+        for (_, other) in self.nodes.iter().enumerate().filter(|(j, _)| *j != i) {
+            if let Some(p) = &self.nodes[i].proxy {
+                p.block_from(other.ip());
+            }
+            if let Some(p) = &other.proxy {
+                p.block_from(self.nodes[i].ip());
+            }
+        }
+    }
+
+    /// Ends every cut made by [`Cluster::isolate`].
+    pub fn heal(&self) {
+        for p in self.nodes.iter().filter_map(|n| n.proxy.as_ref()) {
+            p.allow_all();
+        }
+    }
+
     /// `kill -9` node `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut p) = self.nodes[i].process.take() {

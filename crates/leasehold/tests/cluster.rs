@@ -257,18 +257,7 @@ async fn an_isolated_leader_loses_its_holders_before_the_majority_grants_again()
     let lk = kept.try_acquire("kept-key", opts(3_000)).await.unwrap();
 
     // Cut the leader off from the followers, both ways.
-    for &o in &others {
-        c.nodes[l]
-            .proxy
-            .as_ref()
-            .unwrap()
-            .block_from(c.nodes[o].ip());
-        c.nodes[o]
-            .proxy
-            .as_ref()
-            .unwrap()
-            .block_from(c.nodes[l].ip());
-    }
+    c.isolate(l);
     let isolated_at = Instant::now();
     let lost = la.lost_token();
     let lost_at = tokio::spawn(async move {
@@ -333,18 +322,7 @@ async fn a_wait_on_a_cut_off_leader_is_never_reported_timed_out_while_granted() 
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    for &o in &others {
-        c.nodes[l]
-            .proxy
-            .as_ref()
-            .unwrap()
-            .block_from(c.nodes[o].ip());
-        c.nodes[o]
-            .proxy
-            .as_ref()
-            .unwrap()
-            .block_from(c.nodes[l].ip());
-    }
+    c.isolate(l);
     let majority_client = Client::connect(&majority).await.unwrap();
     // Once the majority leads, the release goes there and the new leader
     // grants the key to the queued wait.
