@@ -99,6 +99,8 @@ pub struct ChaosReport {
     pub answers: u64,
     /// Grants received.
     pub grants: u64,
+    /// Reads of who holds a key.
+    pub reads: u64,
     /// Writes the resource admitted, and refused.
     pub writes: (u64, u64),
     /// Where the history and every process's log were kept, when the
@@ -193,6 +195,18 @@ pub async fn client(args: ClientArgs) -> anyhow::Result<()> {
         .wait(Duration::from_secs(3));
     while monotonic_micros() < args.until {
         let key = format!("k{}", rng.gen_range(0..args.keys));
+        // Now and then, read who holds the key (a linearizable read at the
+        // leader): it must show no released hold and nothing older than a
+        // grant already received.
+        if rng.gen_bool(0.3) {
+            let sent = monotonic_micros();
+            if let Ok(locks) = client.status(&key).await {
+                let holder = locks.iter().find(|l| l.key == key).and_then(|l| l.fence);
+                emit(
+                    json!({"at": monotonic_micros(), "ev": "observed", "client": me, "key": key, "holder": holder, "sent": sent}),
+                );
+            }
+        }
         let sent = monotonic_micros();
         emit(json!({"at": sent, "ev": "acquire_sent", "client": me, "key": key}));
         let lease = match client.acquire(&key, opts.clone()).await {
@@ -366,6 +380,13 @@ pub fn parse_line(line: &str) -> Option<Record> {
             client,
             key: key()?,
             fence: fence()?,
+        },
+        "observed" => Event::Observed {
+            client,
+            key: key()?,
+            holder: v["holder"].as_u64(),
+            sent: v["sent"].as_u64()?,
+            node: "the leader".to_string(),
         },
         "answer" => Event::Answer {
             client,
@@ -603,6 +624,9 @@ pub fn run(config: &ChaosConfig, client_bin: &Path) -> anyhow::Result<ChaosRepor
         if let Event::HoldEnded { until, .. } = &mut r.event {
             *until = until.saturating_sub(origin);
         }
+        if let Event::Observed { sent, .. } = &mut r.event {
+            *sent = sent.saturating_sub(origin);
+        }
     }
     let verdict = checker::check(&records, healed.saturating_sub(origin));
     let faults = std::mem::take(&mut run.faults);
@@ -619,6 +643,7 @@ pub fn run(config: &ChaosConfig, client_bin: &Path) -> anyhow::Result<ChaosRepor
     Ok(ChaosReport {
         answers: count(&|e| matches!(e, Event::Answer { .. })),
         grants: count(&|e| matches!(e, Event::Granted { .. })),
+        reads: count(&|e| matches!(e, Event::Observed { .. })),
         writes: (
             count(&|e| matches!(e, Event::Wrote { admitted: true, .. })),
             count(&|e| {

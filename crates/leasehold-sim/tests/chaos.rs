@@ -31,6 +31,7 @@ fn a_short_chaos_run_on_real_processes_keeps_every_property() {
     assert!(report.faults.len() >= 2, "faults: {:?}", report.faults);
     assert!(report.grants >= 10, "grants: {}", report.grants);
     assert!(report.writes.0 >= 10, "writes: {:?}", report.writes);
+    assert!(report.reads >= 5, "reads: {}", report.reads);
 }
 
 #[test]

@@ -142,8 +142,8 @@ fn main() -> anyhow::Result<()> {
             );
             println!("faults: {}", faults.join(", "));
             println!(
-                "calls answered {}, grants {}, writes admitted {} and refused {}",
-                report.answers, report.grants, report.writes.0, report.writes.1
+                "calls answered {}, grants {}, reads {}, writes admitted {} and refused {}",
+                report.answers, report.grants, report.reads, report.writes.0, report.writes.1
             );
             println!(
                 "longest stretch without a successful call: {} ms",
