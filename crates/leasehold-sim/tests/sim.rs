@@ -350,6 +350,17 @@ fn regression_seed_5577_an_abandoned_attempt_does_not_take_back_its_retrys_grant
     assert!(report.passed(), "{:#?}", report.verdict.violations);
 }
 
+/// Seed 135 (with a node joining) found a leader that had just removed
+/// itself from the group asked to add the new node: it still led until its
+/// removal committed, and openraft 0.9 asserts (in debug builds, as these
+/// tests run) that such a node starts no membership change. A leader that
+/// is not a voter of the latest membership now refuses with `not_leader`.
+#[test]
+fn regression_seed_135_a_leader_that_removed_itself_starts_no_membership_change() {
+    let report = run(&Config::seed(135));
+    assert!(report.passed(), "{:#?}", report.verdict.violations);
+}
+
 /// Seed 776 (5 nodes) found a key granted again while the client it was
 /// granted to after a long wait still held a live lease. A new leadership
 /// began while the client waited; the new leader granted the queued wait in
