@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use leasehold::{Client, Error, LockOptions};
 use leasehold_fence::{FileGate, GateError};
-use leasehold_testkit::{http_get, workspace_bin, Cluster, Process};
+use leasehold_testkit::{http_get, Cluster, Process};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -537,7 +537,6 @@ pub fn run(config: &ChaosConfig, client_bin: &Path) -> anyhow::Result<ChaosRepor
     let dir = tempfile::tempdir()?;
     let gate = dir.path().join("resource");
     std::fs::create_dir_all(&gate)?;
-    let _ = workspace_bin("leaseholdd");
     let cluster = Cluster::start_isolatable(3);
     let origin = monotonic_micros();
     let until = origin + (config.faulty + config.healthy).as_micros() as Micros;
