@@ -146,6 +146,10 @@ pub enum Command {
         key: String,
         /// The request id of the wait (0 for none).
         request_id: RequestId,
+        /// The attempt that gives up, as its [`Response::Queued`] numbered
+        /// it: a wait (or its grant) that a later attempt came back for is
+        /// left alone. 0: whichever attempt the wait belongs to.
+        attempt: u64,
     },
     /// Releases a key held with this fencing token.
     Release {
@@ -255,6 +259,10 @@ pub enum Response {
         lease: LeaseId,
         /// Zero-based position in the queue.
         position: usize,
+        /// This attempt's number for the wait: 1 when it joined the queue,
+        /// one more for each time the same acquire came again. Withdrawing
+        /// the wait names it ([`Command::CancelWait`]).
+        attempt: u64,
     },
     /// The lock was released.
     Released,

@@ -382,6 +382,9 @@ struct Holding {
     /// Granted to a wait whose caller has not come back since a new
     /// leadership: released at this time unless it does.
     attach_by: Option<Time>,
+    /// The wait's attempt number when it was granted, moved on by every
+    /// attempt that comes back for the grant (see [`Waiter::attempt`]).
+    attempt: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -397,6 +400,12 @@ struct Waiter {
     /// Since a new leadership, nobody has come back for this wait: it is
     /// withdrawn at this time unless its caller does.
     attach_by: Option<Time>,
+    /// Which attempt of the caller's waiting call the wait belongs to: 1 when
+    /// queued, one more each time the same acquire comes again (a retry,
+    /// perhaps through another node). Withdrawing a wait names its attempt,
+    /// so an attempt its caller abandoned cannot withdraw the wait, or take
+    /// back the grant, a later attempt is answering.
+    attempt: u64,
 }
 
 /// What an acquire asks for, beside its lease and key.
@@ -618,7 +627,8 @@ impl LockTable {
                 lease,
                 key,
                 request_id,
-            } => self.cancel_wait(lease, &key, request_id, events),
+                attempt,
+            } => self.cancel_wait(lease, &key, request_id, attempt, events),
             Command::Release {
                 key,
                 fence,
@@ -1090,26 +1100,35 @@ impl LockTable {
     }
 
     /// The caller of `lease`'s wait (or of the grant it turned into) on `key`
-    /// came back: it is no longer withdrawn after a new leadership.
-    fn reattach(&mut self, key: &str, lease_id: LeaseId) {
+    /// came back: it is no longer withdrawn after a new leadership, and this
+    /// is its newest attempt. Returns the attempt's number (0: no wait).
+    fn reattach(&mut self, key: &str, lease_id: LeaseId) -> u64 {
         let Some(key) = self.locks.get_key_value(key).map(|(k, _)| k.clone()) else {
-            return;
+            return 0;
         };
         let Some(lock) = self.locks.get_mut(&key) else {
-            return;
+            return 0;
         };
         let mut cleared = None;
+        let mut attempt = 0;
         if let Some(h) = lock.holding_mut(lease_id) {
             cleared = h.attach_by.take();
+            if h.from_wait.is_some() {
+                h.attempt += 1;
+                attempt = h.attempt;
+            }
         }
         if let Some(extra) = lock.extra.as_mut() {
             if let Some(w) = extra.waiters.iter_mut().find(|w| w.lease == lease_id) {
                 cleared = cleared.or(w.attach_by.take());
+                w.attempt += 1;
+                attempt = w.attempt;
             }
         }
         if let Some(t) = cleared {
             self.attach_deadlines.remove(&(t, key, lease_id));
         }
+        attempt
     }
 
     fn acquire(
@@ -1176,10 +1195,11 @@ impl LockTable {
             }
             let position = waiting.map_or(0, |(at, _)| at);
             // Asking again for a wait is coming back for it.
-            self.reattach(key, lease_id);
+            let attempt = self.reattach(key, lease_id);
             return Ok(Response::Queued {
                 lease: lease_id,
                 position,
+                attempt,
             });
         }
         let now = self.now;
@@ -1204,6 +1224,7 @@ impl LockTable {
                         lock_delay_ms: ask.lock_delay_ms,
                         request_id: ask.request_id,
                         attach_by: None,
+                        attempt: 1,
                     };
                     #[cfg(feature = "planted-bugs")]
                     if crate::planted::is(crate::planted::TableBug::LifoQueue) {
@@ -1222,6 +1243,7 @@ impl LockTable {
                 return Ok(Response::Queued {
                     lease: lease_id,
                     position,
+                    attempt: 1,
                 });
             }
         }
@@ -1236,6 +1258,7 @@ impl LockTable {
             lock_delay_ms: ask.lock_delay_ms,
             from_wait: None,
             attach_by: None,
+            attempt: 0,
         };
         let grant = self.grant_lock(&key, holding, events);
         Ok(Response::Acquired(grant))
@@ -1365,6 +1388,7 @@ impl LockTable {
                 lock_delay_ms: waiter.lock_delay_ms,
                 from_wait: Some(waiter.request_id),
                 attach_by: waiter.attach_by,
+                attempt: waiter.attempt,
             };
             let grant = self.grant_lock(key, holding, events);
             self.remember(
@@ -1456,8 +1480,10 @@ impl LockTable {
             })
         });
         if waits_as_set {
+            // Every key's wait moves on together, so they share the number.
+            let mut attempt = 0;
             for key in set.iter() {
-                self.reattach(key, lease_id);
+                attempt = self.reattach(key, lease_id);
             }
             let position = self.locks.get(&first).map_or(0, |l| {
                 l.waiters()
@@ -1468,6 +1494,7 @@ impl LockTable {
             return Ok(Response::Queued {
                 lease: lease_id,
                 position,
+                attempt,
             });
         }
         if let Some(key) = set
@@ -1510,6 +1537,7 @@ impl LockTable {
                 lock_delay_ms,
                 request_id,
                 attach_by: None,
+                attempt: 1,
             });
             self.wait_deadlines
                 .insert((deadline, key.clone(), lease_id));
@@ -1520,6 +1548,7 @@ impl LockTable {
         Ok(Response::Queued {
             lease: lease_id,
             position,
+            attempt: 1,
         })
     }
 
@@ -1538,7 +1567,7 @@ impl LockTable {
     /// Takes a ready set wait out of every queue and grants it.
     fn grant_set_from_queue(&mut self, set: &Set, lease_id: LeaseId, events: &mut Vec<Event>) {
         let mut attach = Vec::with_capacity(set.len());
-        let (mut lock_delay_ms, mut request_id) = (0, 0);
+        let (mut lock_delay_ms, mut request_id, mut attempt) = (0, 0, 0);
         for key in set.iter() {
             let Some(waiter) = self
                 .locks
@@ -1553,7 +1582,8 @@ impl LockTable {
             if let Some(lease) = self.leases.get_mut(&lease_id) {
                 lease.waiting.remove(key);
             }
-            (lock_delay_ms, request_id) = (waiter.lock_delay_ms, waiter.request_id);
+            (lock_delay_ms, request_id, attempt) =
+                (waiter.lock_delay_ms, waiter.request_id, waiter.attempt);
             attach.push(waiter.attach_by);
         }
         let grant = self.grant_set(
@@ -1561,7 +1591,7 @@ impl LockTable {
             lease_id,
             lock_delay_ms,
             |i| attach.get(i).copied().flatten(),
-            Some(request_id),
+            Some((request_id, attempt)),
             events,
         );
         self.remember(
@@ -1580,7 +1610,7 @@ impl LockTable {
         lease_id: LeaseId,
         lock_delay_ms: u64,
         attach_by: impl Fn(usize) -> Option<Time>,
-        from_wait: Option<RequestId>,
+        from_wait: Option<(RequestId, u64)>,
         events: &mut Vec<Event>,
     ) -> Grant {
         let fence = self.next_fence;
@@ -1596,8 +1626,9 @@ impl LockTable {
                 fence,
                 mode: Mode::Exclusive,
                 lock_delay_ms,
-                from_wait,
+                from_wait: from_wait.map(|(id, _)| id),
                 attach_by: attach_by(i),
+                attempt: from_wait.map_or(0, |(_, attempt)| attempt),
             });
             lock.shrink();
             let checkpoint = lock.checkpoint().cloned();
@@ -1685,6 +1716,7 @@ impl LockTable {
         lease_id: LeaseId,
         key: &str,
         request_id: RequestId,
+        attempt: u64,
         events: &mut Vec<Event>,
     ) -> Outcome {
         limits::validate_key(key)?;
@@ -1692,15 +1724,23 @@ impl LockTable {
             return Ok(Response::WaitCancelled);
         };
         let key = key.clone();
+        // Only the attempt the wait now belongs to withdraws it (0: any).
+        let its_attempt = |a: u64| attempt == 0 || attempt == a;
         let granted_to_this_wait = lock
             .holding_of(lease_id)
             .filter(|h| h.from_wait == Some(request_id))
-            .map(|h| h.fence);
-        if let Some(fence) = granted_to_this_wait {
-            self.release(&key, fence, events)?;
-            // A retry of this wait must not be answered with the grant taken back.
-            self.forget(Caller::Lease(lease_id), request_id);
-        } else {
+            .map(|h| (h.fence, h.attempt));
+        if let Some((fence, granted_in)) = granted_to_this_wait {
+            if its_attempt(granted_in) {
+                self.release(&key, fence, events)?;
+                // A retry of this wait must not be answered with the grant taken back.
+                self.forget(Caller::Lease(lease_id), request_id);
+            }
+        } else if lock
+            .waiters()
+            .iter()
+            .any(|w| w.lease == lease_id && its_attempt(w.attempt))
+        {
             self.withdraw(&key, lease_id, WaitEnd::Cancelled, true, events);
         }
         Ok(Response::WaitCancelled)

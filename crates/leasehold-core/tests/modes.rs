@@ -38,6 +38,8 @@ enum Op {
         lease: usize,
         key: usize,
         request_id: u64,
+        /// 0: any attempt; otherwise withdraws only that attempt's wait.
+        attempt: u64,
     },
     Release {
         lease: usize,
@@ -72,8 +74,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(lease, key, mode, wait_ms, request_id)| Op::Acquire { lease, key, mode, wait_ms, request_id }),
         2 => (key.clone(), 0usize..6, wait)
             .prop_map(|(key, mode, wait_ms)| Op::GrantAndAcquire { key, mode, wait_ms }),
-        1 => (0usize..6, key.clone(), request_id)
-            .prop_map(|(lease, key, request_id)| Op::CancelWait { lease, key, request_id }),
+        1 => (0usize..6, key.clone(), request_id, 0u64..4)
+            .prop_map(|(lease, key, request_id, attempt)| Op::CancelWait { lease, key, request_id, attempt }),
         5 => (0usize..6, key.clone()).prop_map(|(lease, key)| Op::Release { lease, key }),
         1 => (key, 0u64..60).prop_map(|(key, fence)| Op::ReleaseStale { key, fence }),
     ]
@@ -158,10 +160,12 @@ impl Checker {
                 lease,
                 key,
                 request_id,
+                attempt,
             } => Command::CancelWait {
                 lease: self.lease(lease),
                 key: KEYS[key].into(),
                 request_id,
+                attempt,
             },
             Op::Release { lease, key } => {
                 let lease = self.lease(lease);

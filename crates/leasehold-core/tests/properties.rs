@@ -61,6 +61,8 @@ enum Op {
         lease: LeaseChoice,
         key: usize,
         request_id: u64,
+        /// 0: any attempt; otherwise withdraws only that attempt's wait.
+        attempt: u64,
     },
     Release {
         key: usize,
@@ -118,8 +120,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => lease_choice().prop_map(Op::Revoke),
         6 => (lease_choice(), key.clone(), wait, prop_oneof![Just(0u64), 1u64..150], request_id.clone())
             .prop_map(|(lease, key, wait_ms, lock_delay_ms, request_id)| Op::Acquire { lease, key, wait_ms, lock_delay_ms, request_id }),
-        1 => (lease_choice(), key.clone(), request_id.clone())
-            .prop_map(|(lease, key, request_id)| Op::CancelWait { lease, key, request_id }),
+        1 => (lease_choice(), key.clone(), request_id.clone(), 0u64..4)
+            .prop_map(|(lease, key, request_id, attempt)| Op::CancelWait { lease, key, request_id, attempt }),
         4 => (key.clone(), fence_choice(), request_id).prop_map(|(key, fence, request_id)| Op::Release { key, fence, request_id }),
         1 => (key, fence_choice(), prop::collection::vec(any::<u8>(), 0..4))
             .prop_map(|(key, fence, data)| Op::SaveCheckpoint { key, fence, data }),
@@ -309,10 +311,12 @@ impl Checker {
                 lease,
                 key,
                 request_id,
+                attempt,
             } => Command::CancelWait {
                 lease: self.lease(lease),
                 key: KEYS[key].into(),
                 request_id,
+                attempt,
             },
             Op::Release {
                 key,

@@ -77,6 +77,11 @@ impl T {
             other => panic!("acquire: {other:?}"),
         }
     }
+    /// The lease holding `key` now, and its token.
+    fn held_by(&self, key: &str) -> Option<(u64, u64)> {
+        let holder = self.table.lock(key, self.now)?.holder?;
+        Some((holder.lease, holder.fence))
+    }
     fn granted(&self) -> Vec<(String, u64, u64)> {
         self.events
             .iter()
@@ -348,6 +353,7 @@ fn a_cancelled_wait_takes_back_a_grant_its_caller_never_saw() {
         lease: b,
         key: "k".into(),
         request_id: 3,
+        attempt: 1,
     })
     .unwrap();
     assert!(t.table.lock("k", t.now).is_none());
@@ -553,6 +559,128 @@ fn grants_and_grant_and_acquire_answer_a_retry_with_the_same_lease() {
         t.table.lock("r", t.now).unwrap().holder.unwrap().fence,
         g.fence
     );
+}
+
+/// A waiting call's attempts: its caller gave up on the first (its node was
+/// cut off, say) and asked again through another node. The first attempt's
+/// withdrawal, arriving later, must leave alone the wait, and then the
+/// grant, that the second one is answering; the second one's own
+/// withdrawal still works.
+#[test]
+fn an_abandoned_attempt_of_a_wait_cannot_withdraw_it_from_a_later_one() {
+    let mut t = T::new();
+    let a = t.lease(10_000, "a");
+    let b = t.lease(10_000, "b");
+    let fa = t.fence(a, "k");
+    let wait = Command::Acquire {
+        lease: b,
+        key: "k".into(),
+        wait_ms: 5_000,
+        lock_delay_ms: 0,
+        request_id: 3,
+        mode: Mode::Exclusive,
+    };
+    let cancel = |attempt| Command::CancelWait {
+        lease: b,
+        key: "k".into(),
+        request_id: 3,
+        attempt,
+    };
+    assert!(matches!(
+        t.run(wait.clone()),
+        Ok(Response::Queued { attempt: 1, .. })
+    ));
+    assert!(matches!(
+        t.run(wait.clone()),
+        Ok(Response::Queued { attempt: 2, .. })
+    ));
+    // The first attempt gives up while the second waits: nothing changes.
+    let before = t.table.clone();
+    t.run(cancel(1)).unwrap();
+    assert_eq!(t.table, before);
+    assert!(t.events.is_empty());
+    // Granted to the wait, and the second attempt is answered with it.
+    t.run(Command::Release {
+        key: "k".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    let held = t.held_by("k");
+    let fb = match held {
+        Some((lease, fence)) if lease == b => fence,
+        other => panic!("not granted to the wait: {other:?}"),
+    };
+    // The first attempt's withdrawal comes only now: the grant stays.
+    t.run(cancel(1)).unwrap();
+    assert_eq!(t.held_by("k"), held);
+    // A third attempt comes back for the grant (its answer was lost): the
+    // second can no longer take it back either.
+    assert!(matches!(t.run(wait.clone()), Ok(Response::Acquired(g)) if g.fence == fb));
+    t.run(cancel(2)).unwrap();
+    assert_eq!(t.held_by("k"), held);
+    // The latest attempt's withdrawal takes the grant back.
+    t.run(cancel(3)).unwrap();
+    assert!(t.table.lock("k", t.now).is_none());
+    // And a withdrawal that names no attempt withdraws whichever it is.
+    let fa = t.fence(a, "k");
+    assert!(matches!(
+        t.run(wait.clone()),
+        Ok(Response::Queued { attempt: 1, .. })
+    ));
+    t.run(cancel(0)).unwrap();
+    t.run(Command::Release {
+        key: "k".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    assert!(t.table.lock("k", t.now).is_none());
+}
+
+/// The same for a set's wait: its keys' waits move on together.
+#[test]
+fn an_abandoned_attempt_of_a_set_wait_cannot_withdraw_it_from_a_later_one() {
+    let mut t = T::new();
+    let a = t.lease(10_000, "a");
+    let b = t.lease(10_000, "b");
+    let fa = t.fence(a, "y");
+    let wait = Command::AcquireSet {
+        lease: b,
+        keys: vec!["x".into(), "y".into()],
+        wait_ms: 5_000,
+        lock_delay_ms: 0,
+        request_id: 4,
+    };
+    let cancel = |attempt| Command::CancelWait {
+        lease: b,
+        key: "x".into(),
+        request_id: 4,
+        attempt,
+    };
+    assert!(matches!(
+        t.run(wait.clone()),
+        Ok(Response::Queued { attempt: 1, .. })
+    ));
+    assert!(matches!(
+        t.run(wait.clone()),
+        Ok(Response::Queued { attempt: 2, .. })
+    ));
+    let before = t.table.clone();
+    t.run(cancel(1)).unwrap();
+    assert_eq!(t.table, before);
+    t.run(Command::Release {
+        key: "y".into(),
+        fence: fa,
+        request_id: 0,
+    })
+    .unwrap();
+    let held = (t.held_by("x"), t.held_by("y"));
+    assert!(matches!(held, (Some((l, f)), Some((m, g))) if l == b && m == b && f == g));
+    t.run(cancel(1)).unwrap();
+    assert_eq!((t.held_by("x"), t.held_by("y")), held);
+    t.run(cancel(2)).unwrap();
+    assert_eq!((t.held_by("x"), t.held_by("y")), (None, None));
 }
 
 /// After a new leadership (a restart), a queued waiter whose caller does not

@@ -35,6 +35,8 @@ enum Op {
         lease: usize,
         key: usize,
         request_id: u64,
+        /// 0: any attempt; otherwise withdraws only that attempt's wait.
+        attempt: u64,
     },
     Release {
         key: usize,
@@ -52,8 +54,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(lease, keys, wait_ms, request_id)| Op::AcquireSet { lease, keys, wait_ms, request_id }),
         3 => (0usize..6, 0usize..KEYS.len(), wait)
             .prop_map(|(lease, key, wait_ms)| Op::Acquire { lease, key, wait_ms }),
-        1 => (0usize..6, 0usize..KEYS.len(), request_id)
-            .prop_map(|(lease, key, request_id)| Op::CancelWait { lease, key, request_id }),
+        1 => (0usize..6, 0usize..KEYS.len(), request_id, 0u64..4)
+            .prop_map(|(lease, key, request_id, attempt)| Op::CancelWait { lease, key, request_id, attempt }),
         4 => (0usize..KEYS.len()).prop_map(|key| Op::Release { key }),
     ]
 }
@@ -139,10 +141,12 @@ impl Checker {
                 lease,
                 key,
                 request_id,
+                attempt,
             } => Command::CancelWait {
                 lease: self.lease(*lease),
                 key: KEYS[*key].into(),
                 request_id: *request_id,
+                attempt: *attempt,
             },
             Op::Release { key } => Command::Release {
                 key: KEYS[*key].into(),

@@ -527,14 +527,15 @@ impl LockService {
         let command = args.command(lease);
         let hub = self.consensus.hub().clone();
         let outcome = hub.wait_for(lease, &args.key);
-        let attempt = hub.attempt_begin(lease, &args.key, args.request_id);
+        let node_attempt = hub.attempt_begin(lease, &args.key, args.request_id);
         let mut cancel = CancelOnDrop {
             consensus: Some(self.consensus.clone()),
             lease,
             key: args.key.clone(),
             request_id: args.request_id,
             hub: hub.clone(),
-            attempt,
+            node_attempt,
+            attempt: 0,
             ended: false,
         };
         let queued_at = std::time::Instant::now();
@@ -542,7 +543,8 @@ impl LockService {
         let queued_in = self.consensus.read_local(|t| t.epoch());
         let result = match first {
             Ok(Response::Acquired(grant)) => Ok(grant),
-            Ok(Response::Queued { .. }) => {
+            Ok(Response::Queued { attempt, .. }) => {
+                cancel.attempt = attempt;
                 // The table's own deadline ends the wait; the margin covers a
                 // leader change that would lose the tick.
                 let limit = Duration::from_millis(args.wait_ms) + Duration::from_secs(2);
@@ -569,7 +571,10 @@ impl LockService {
                         }
                         Ok(other) => Err(unexpected(other)),
                         Err(ApiError::Lock(e)) => Err(e.into()),
-                        // Not confirmed: leave `cancel` armed.
+                        // Not confirmed: leave `cancel` armed. If this came
+                        // back for the grant after all, it is a later attempt
+                        // in the table, and the withdrawal leaves the grant
+                        // to the caller's retry, or to the end of its lease.
                         Err(e) => {
                             hub.forget(lease, &args.key);
                             return Err(e);
@@ -1134,16 +1139,23 @@ impl Watch {
 
 /// Withdraws a wait when the waiting call is dropped before it saw an outcome.
 ///
-/// Only the latest attempt of a wait on this node withdraws it: a retry of
-/// the same acquire (same lease, key and request id) re-attaches to the wait
-/// in the table, and the earlier attempt, abandoned by its caller, must not
-/// then withdraw the wait, or take back a grant, that the retry is answering.
+/// Only the latest attempt of a wait withdraws it: a retry of the same
+/// acquire (same lease, key and request id), here or through another node,
+/// re-attaches to the wait in the table, and the earlier attempt, abandoned
+/// by its caller, must not then withdraw the wait, or take back a grant, that
+/// the retry is answering. The table numbers the attempts and ignores a
+/// withdrawal by any but the latest; on this node, an attempt that a later
+/// one here replaced does not propose one at all.
 struct CancelOnDrop {
     consensus: Option<Consensus>,
     lease: LeaseId,
     key: String,
     request_id: RequestId,
     hub: Arc<crate::hub::Hub>,
+    /// This attempt's number among the wait's attempts on this node.
+    node_attempt: u64,
+    /// Its number in the table, from its `Queued` answer; 0 while unknown
+    /// (no answer came), which withdraws whichever attempt the wait has.
     attempt: u64,
     /// The attempt was ended by [`CancelOnDrop::withdraw_now`].
     ended: bool,
@@ -1157,9 +1169,9 @@ impl CancelOnDrop {
             return Ok(());
         };
         self.ended = true;
-        let latest = self
-            .hub
-            .attempt_end(self.lease, &self.key, self.request_id, self.attempt);
+        let latest =
+            self.hub
+                .attempt_end(self.lease, &self.key, self.request_id, self.node_attempt);
         if !latest {
             // A retry of this wait is being answered on this node.
             return Ok(());
@@ -1168,6 +1180,7 @@ impl CancelOnDrop {
             lease: self.lease,
             key: self.key.clone(),
             request_id: self.request_id,
+            attempt: self.attempt,
         };
         match consensus.propose(command).await {
             Ok(Ok(Response::WaitCancelled)) => Ok(()),
@@ -1183,9 +1196,9 @@ impl Drop for CancelOnDrop {
         if self.ended {
             return;
         }
-        let latest = self
-            .hub
-            .attempt_end(self.lease, &self.key, self.request_id, self.attempt);
+        let latest =
+            self.hub
+                .attempt_end(self.lease, &self.key, self.request_id, self.node_attempt);
         let Some(consensus) = self.consensus.take() else {
             return;
         };
@@ -1196,6 +1209,7 @@ impl Drop for CancelOnDrop {
             lease: self.lease,
             key: std::mem::take(&mut self.key),
             request_id: self.request_id,
+            attempt: self.attempt,
         };
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
