@@ -44,6 +44,13 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
+    // The nodes' own logs, for looking into a seed: RUST_LOG=leasehold=debug.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let config = |seed| Config {
         seed,
         nodes: args.nodes,
