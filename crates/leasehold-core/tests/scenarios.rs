@@ -77,6 +77,20 @@ impl T {
             other => panic!("acquire: {other:?}"),
         }
     }
+    /// Runs `wait` twice (attempts 1 and 2), then the first attempt's
+    /// `cancel`, which must change nothing.
+    fn wait_twice_and_give_up_the_first(&mut self, wait: &Command, cancel: Command) {
+        for attempt in [1, 2] {
+            match self.run(wait.clone()) {
+                Ok(Response::Queued { attempt: a, .. }) => assert_eq!(a, attempt),
+                other => panic!("attempt {attempt}: {other:?}"),
+            }
+        }
+        let before = self.table.clone();
+        self.run(cancel).unwrap();
+        assert_eq!(self.table, before);
+        assert!(self.events.is_empty());
+    }
     /// The lease holding `key` now, and its token.
     fn held_by(&self, key: &str) -> Option<(u64, u64)> {
         let holder = self.table.lock(key, self.now)?.holder?;
@@ -586,19 +600,8 @@ fn an_abandoned_attempt_of_a_wait_cannot_withdraw_it_from_a_later_one() {
         request_id: 3,
         attempt,
     };
-    assert!(matches!(
-        t.run(wait.clone()),
-        Ok(Response::Queued { attempt: 1, .. })
-    ));
-    assert!(matches!(
-        t.run(wait.clone()),
-        Ok(Response::Queued { attempt: 2, .. })
-    ));
     // The first attempt gives up while the second waits: nothing changes.
-    let before = t.table.clone();
-    t.run(cancel(1)).unwrap();
-    assert_eq!(t.table, before);
-    assert!(t.events.is_empty());
+    t.wait_twice_and_give_up_the_first(&wait, cancel(1));
     // Granted to the wait, and the second attempt is answered with it.
     t.run(Command::Release {
         key: "k".into(),
@@ -658,17 +661,7 @@ fn an_abandoned_attempt_of_a_set_wait_cannot_withdraw_it_from_a_later_one() {
         request_id: 4,
         attempt,
     };
-    assert!(matches!(
-        t.run(wait.clone()),
-        Ok(Response::Queued { attempt: 1, .. })
-    ));
-    assert!(matches!(
-        t.run(wait.clone()),
-        Ok(Response::Queued { attempt: 2, .. })
-    ));
-    let before = t.table.clone();
-    t.run(cancel(1)).unwrap();
-    assert_eq!(t.table, before);
+    t.wait_twice_and_give_up_the_first(&wait, cancel(1));
     t.run(Command::Release {
         key: "y".into(),
         fence: fa,
