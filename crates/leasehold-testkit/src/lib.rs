@@ -214,10 +214,36 @@ impl Leaseholdd {
     }
 
     /// Starts one with extra flags and waits until it leads.
+    ///
+    /// The free port is found by binding and closing it, so something else
+    /// (another test's outgoing connection, say) may take it before the
+    /// server binds it: a server that exits because its address is in use
+    /// is started again on another port.
     pub fn start_with(extra: &[&str]) -> Leaseholdd {
-        let server = Self::spawn_with(extra);
-        server.wait_ready();
-        server
+        let start = Instant::now();
+        loop {
+            let mut server = Self::spawn_with(extra);
+            loop {
+                if http_get(&server.addr, "/health").is_some_and(|b| b.contains("\"leader\":true"))
+                {
+                    return server;
+                }
+                if let Some(status) = server.process.wait_exit(Duration::ZERO) {
+                    let output = server.process.output();
+                    assert!(
+                        output.contains("in use"),
+                        "leaseholdd exited ({status}) before it led:\n{output}"
+                    );
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "timed out after 20s waiting for leaseholdd to lead:\n{}",
+                    server.process.output()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     /// Starts one with extra flags, without waiting (for a server that
