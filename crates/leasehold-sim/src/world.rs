@@ -3,8 +3,9 @@
 //!
 //! Every step moves the world's clock one tick and lets each live host run
 //! until its own clock has moved one tick times its rate (its drift). Nothing
-//! runs on another thread and nothing reads the machine's clock, so a seed
-//! fixes the whole run. A crash drops the host's runtime, and every task on
+//! runs on another thread (a host whose runtime starts a blocking thread
+//! fails the run) and nothing reads the machine's clock, so a seed fixes the
+//! whole run. A crash drops the host's runtime, and every task on
 //! it, between two steps; a frozen host is not stepped at all, and when it
 //! thaws its clock jumps by the time it missed, as a process's monotonic
 //! clock does after SIGSTOP and SIGCONT.
@@ -220,6 +221,15 @@ impl World {
             host.local += self.tick.as_micros() as f64 * host.rate;
             let target = host.origin + Duration::from_millis((host.local / 1000.0) as u64);
             runtime.block_on(async move { tokio::time::sleep_until(target).await });
+            // Work on a blocking thread finishes in real time, so where its
+            // answer lands among the host's tasks would depend on the
+            // machine's load: a run would no longer replay.
+            if runtime.metrics().num_blocking_threads() > 0 {
+                anyhow::bail!(
+                    "{} started a blocking thread: its timing would leak into the run",
+                    host.name
+                );
+            }
             if let Some(task) = host.task.as_mut().filter(|t| t.is_finished()) {
                 match runtime.block_on(task) {
                     Ok(Ok(())) => {}
@@ -302,6 +312,19 @@ mod tests {
             jumped >= s + 1_950,
             "the clock jumps by the time frozen: {s} -> {jumped}"
         );
+    }
+
+    #[test]
+    fn a_host_that_starts_a_blocking_thread_stops_the_run() {
+        let mut world = World::new(1, Duration::from_millis(1), History::default());
+        world.add("blocking", 1.0, || async {
+            tokio::task::spawn_blocking(|| ()).await?;
+            Ok(())
+        });
+        let err = (0..10)
+            .find_map(|_| world.step().err())
+            .expect("a blocking thread is refused");
+        assert!(err.to_string().contains("blocking thread"), "{err}");
     }
 
     #[test]

@@ -26,6 +26,14 @@ pub trait SnapshotStore: Send + Sync + 'static {
     /// Replaces the stored snapshot; returns once it is durable.
     fn save(&self, meta: &Meta, table: &[u8]) -> io::Result<()>;
 
+    /// Whether [`save`](Self::save) waits on the disk, and so runs on a
+    /// blocking thread rather than on the runtime. A store in memory saves
+    /// inline: a simulation's runtime must never wait on another thread,
+    /// whose timing would then decide the order of events in the run.
+    fn save_blocks(&self) -> bool {
+        true
+    }
+
     /// The stored snapshot as bytes, to send to a peer.
     fn read(&self) -> io::Result<Option<(Meta, Vec<u8>)>>;
 
@@ -126,6 +134,10 @@ impl SnapshotStore for MemorySnapshots {
     fn save(&self, meta: &Meta, table: &[u8]) -> io::Result<()> {
         *self.saved() = Some((meta.clone(), Arc::new(table.to_vec())));
         Ok(())
+    }
+
+    fn save_blocks(&self) -> bool {
+        false
     }
 
     fn read(&self) -> io::Result<Option<(Meta, Vec<u8>)>> {

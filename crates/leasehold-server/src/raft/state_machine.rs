@@ -149,16 +149,20 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             .take()
             .unwrap_or_else(|| Err(io_err("this snapshot was already built")));
         let snapshots = self.snapshots.clone();
-        let result = tokio::task::spawn_blocking(move || -> io::Result<SnapshotParts> {
+        let save = move || -> io::Result<SnapshotParts> {
             let (meta, data) = parts?;
             snapshots.save(&meta, &data)?;
             Ok((meta, data))
-        })
-        .await
-        .map_err(io_err)
-        .and_then(|r| r)
-        .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
-        let (meta, data) = result;
+        };
+        let result = if self.snapshots.save_blocks() {
+            tokio::task::spawn_blocking(save)
+                .await
+                .map_err(io_err)
+                .and_then(|r| r)
+        } else {
+            save()
+        };
+        let (meta, data) = result.map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
