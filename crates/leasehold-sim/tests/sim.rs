@@ -350,6 +350,20 @@ fn regression_seed_5577_an_abandoned_attempt_does_not_take_back_its_retrys_grant
     assert!(report.passed(), "{:#?}", report.verdict.violations);
 }
 
+/// Seed 20226 found a group that stopped serving for good: node 2 was removed
+/// while messages were delayed and missed the entry removing it, so by its
+/// own log it was still a voter, and it campaigned again and again with ever
+/// higher terms it could not win (its log was behind). When the leader added
+/// it back and sent it appends, each answer carried the higher term and the
+/// leader stepped down: 27 leaderships in 10 s and no call served after the
+/// faults healed. A node refused by a majority for its log now stops
+/// campaigning for a while, and follows the next leader.
+#[test]
+fn regression_seed_20226_a_member_behind_the_others_does_not_depose_every_leader() {
+    let report = run(&Config::seed(20226));
+    assert!(report.passed(), "{:#?}", report.verdict.violations);
+}
+
 /// Seed 135 (with a node joining) found a leader that had just removed
 /// itself from the group asked to add the new node: it still led until its
 /// removal committed, and openraft 0.9 asserts (in debug builds, as these

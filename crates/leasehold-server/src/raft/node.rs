@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use super::batch::MAX_BATCH;
 use super::leadership::{system_clock, Clock};
 use super::log_store::LogStore;
-use super::peer::{GrpcTransport, PeerNetwork, Transport};
+use super::peer::{Campaigns, GrpcTransport, PeerNetwork, Transport};
 use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
 use super::{Consensus, NodeId, TypeConfig};
@@ -148,9 +148,11 @@ impl Consensus {
             spec.members.keys().collect::<Vec<_>>()
         );
         let shared = sm.shared.clone();
+        let campaigns = Arc::new(Campaigns::default());
         let network = PeerNetwork {
             transport: transport.clone(),
             snapshot_chunks: shared.hub.metrics.snapshot_chunks.clone(),
+            campaigns: campaigns.clone(),
         };
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
             .await
@@ -174,6 +176,11 @@ impl Consensus {
             Duration::ZERO
         };
         tokio::spawn(consensus.clone().allow_elections(hold_off));
+        tokio::spawn(
+            consensus
+                .clone()
+                .back_off_hopeless_campaigns(campaigns, options.election_timeout.1 * 5),
+        );
         tokio::spawn(
             consensus
                 .clone()
@@ -258,6 +265,48 @@ impl Consensus {
             tokio::time::sleep(hold_off).await;
         }
         self.raft.runtime_config().elect(true);
+    }
+
+    /// Stops campaigning for `pause` when a majority of the voters refused
+    /// this node's vote because their logs are newer than its own.
+    ///
+    /// Such a node cannot win, and openraft 0.9 has no pre-vote: each
+    /// campaign raises its term, and a leader that then hears the higher
+    /// term (in its answer to an append) steps down. A member that missed
+    /// entries, its own removal among them (a removed member the leader adds
+    /// back is sent appends again), would otherwise depose every leader in
+    /// turn and keep the group from serving. While paused it still follows a
+    /// leader that contacts it, and catches up. A node with the newest log is
+    /// never refused for its log, so some node can always still win.
+    async fn back_off_hopeless_campaigns(self, campaigns: Arc<Campaigns>, pause: Duration) {
+        let mut paused_for = 0;
+        loop {
+            campaigns.changed.notified().await;
+            let (term, refused) = campaigns.latest();
+            if term <= paused_for {
+                continue;
+            }
+            let voters: Vec<NodeId> = {
+                let m = self.raft.metrics();
+                let m = m.borrow();
+                m.membership_config.membership().voter_ids().collect()
+            };
+            let refusals = voters.iter().filter(|v| refused.contains(v)).count();
+            // It wins with a majority; these refusals leave it fewer.
+            if voters.len() - refusals > voters.len() / 2 {
+                continue;
+            }
+            paused_for = term;
+            tracing::info!(
+                id = self.id,
+                term,
+                ?refused,
+                "a majority of voters have newer logs: not campaigning for {pause:?}"
+            );
+            self.raft.runtime_config().elect(false);
+            tokio::time::sleep(pause).await;
+            self.raft.runtime_config().elect(true);
+        }
     }
 
     /// Takes a snapshot (and so lets the log be purged) every

@@ -397,6 +397,39 @@ fn reason(status: &Status) -> String {
     why
 }
 
+/// The peers that refused this node's vote requests because their logs are
+/// newer than its own, in its latest campaign: a node behind a majority
+/// cannot win, and only raises the term the others must then follow (see
+/// `Consensus::back_off_hopeless_campaigns`).
+#[derive(Default)]
+pub(super) struct Campaigns {
+    /// The term of the latest campaign, and who refused it for its log.
+    refused: Mutex<(u64, std::collections::BTreeSet<NodeId>)>,
+    /// Signalled at each such refusal.
+    pub changed: tokio::sync::Notify,
+}
+
+impl Campaigns {
+    fn refused_by(&self, term: u64, peer: NodeId) {
+        {
+            let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+            if refused.0 != term {
+                *refused = (term, Default::default());
+            }
+            refused.1.insert(peer);
+        }
+        self.changed.notify_one();
+    }
+
+    /// The latest campaign's term and the peers that refused it for its log.
+    pub fn latest(&self) -> (u64, std::collections::BTreeSet<NodeId>) {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
 /// openraft's view of the peers: one [`PeerClient`] per peer, made as it
 /// needs them, all over one transport.
 #[derive(Clone)]
@@ -404,6 +437,8 @@ pub(super) struct PeerNetwork {
     pub transport: Arc<dyn Transport>,
     /// Counts the snapshot chunks sent (a metric).
     pub snapshot_chunks: Counter,
+    /// Vote refusals for a log behind the voter's.
+    pub campaigns: Arc<Campaigns>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -415,6 +450,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             addr: node.addr.clone(),
             transport: self.transport.clone(),
             snapshot_chunks: self.snapshot_chunks.clone(),
+            campaigns: self.campaigns.clone(),
         }
     }
 }
@@ -425,6 +461,7 @@ pub(super) struct PeerClient {
     addr: String,
     transport: Arc<dyn Transport>,
     snapshot_chunks: Counter,
+    campaigns: Arc<Campaigns>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -494,7 +531,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(PeerCall::Vote, &rpc, &option).await
+        let answer: VoteResponse<NodeId> = self.call(PeerCall::Vote, &rpc, &option).await?;
+        if !answer.vote_granted && answer.last_log_id > rpc.last_log_id {
+            self.campaigns
+                .refused_by(rpc.vote.leader_id().term, self.target);
+        }
+        Ok(answer)
     }
 
     /// 100, 200, 400 ms, then every 500 ms: a restarted peer hears from the
