@@ -251,13 +251,14 @@ pub async fn client(args: ClientArgs) -> anyhow::Result<()> {
             if rng.gen_bool(0.3) {
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(20..150))).await;
             }
+            let sent = monotonic_micros();
             let admitted = match gate.write(&key, token, format!("c{me}").into_bytes()).await {
                 Ok(()) => true,
                 Err(GateError::Stale(_)) => false,
                 Err(e) => return Err(e.into()),
             };
             emit(
-                json!({"at": monotonic_micros(), "ev": "wrote", "client": me, "key": key, "fence": token, "admitted": admitted}),
+                json!({"at": monotonic_micros(), "ev": "wrote", "client": me, "key": key, "fence": token, "admitted": admitted, "sent": sent}),
             );
             if n == writes / 2 {
                 let data = format!("{fence}:{me}:{n}");
@@ -356,6 +357,7 @@ pub fn parse_line(line: &str) -> Option<Record> {
             key: key()?,
             fence: fence()?,
             admitted: v["admitted"].as_bool()?,
+            sent: v["sent"].as_u64()?,
         },
         "checkpoint_sent" => Event::CheckpointSent {
             client,

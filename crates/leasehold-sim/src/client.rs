@@ -286,6 +286,8 @@ impl SimClient {
                         key: key.clone(),
                         fence: grant.fence,
                         admitted,
+                        // The gate answers in the same step.
+                        sent: self.history.now(),
                     });
                     // Progress saved with the lock, for the next holder.
                     if admitted && rng.gen_bool(0.5) {

@@ -81,6 +81,10 @@ pub enum Event {
         fence: Fence,
         /// Whether the gate admitted it.
         admitted: bool,
+        /// When the write was handed to the gate: it took effect somewhere
+        /// between this and the record's time (a process frozen after the
+        /// gate answered records it only when it thaws).
+        sent: Micros,
     },
     /// A client's release was acknowledged.
     Released {
