@@ -413,7 +413,12 @@ impl Campaigns {
     fn refused_by(&self, term: u64, peer: NodeId) {
         {
             let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
-            if refused.0 != term {
+            // A late answer to an earlier campaign says nothing of this one,
+            // and must not wipe the refusals this one already counted.
+            if term < refused.0 {
+                return;
+            }
+            if term > refused.0 {
                 *refused = (term, Default::default());
             }
             refused.1.insert(peer);
@@ -543,5 +548,22 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     /// leader within half a second (see `node::allow_elections`).
     fn backoff(&self) -> Backoff {
         Backoff::new((0..).map(|i: u32| Duration::from_millis((100u64 << i.min(3)).min(500))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_count_per_campaign_and_a_late_answer_from_an_earlier_one_is_ignored() {
+        let campaigns = Campaigns::default();
+        campaigns.refused_by(7, 2);
+        campaigns.refused_by(8, 2);
+        campaigns.refused_by(8, 3);
+        campaigns.refused_by(7, 4);
+        let (term, refused) = campaigns.latest();
+        assert_eq!(term, 8);
+        assert_eq!(refused.into_iter().collect::<Vec<_>>(), vec![2, 3]);
     }
 }
