@@ -13,7 +13,7 @@
 //! | `leasehold_locks_held` | gauge | held locks |
 //! | `leasehold_waiters` | gauge | acquires waiting in a key's queue |
 //! | `leasehold_wait_seconds` | histogram | on the node that served it: how long an acquire that waited in the queue waited for its grant |
-//! | `leasehold_log_fsync_seconds` | histogram | time of each fsync of the Raft log (one per group-committed batch) |
+//! | `leasehold_log_fsync_seconds` | histogram | time of each fsync of the Raft log (one per append: an entry carries a batch of commands) |
 //! | `leasehold_fence_next` | gauge | the token the next grant gets |
 //! | `leasehold_raft_applied_index` | gauge | last applied log index |
 //! | `leasehold_table_time_seconds` | gauge | the lock table's clock |
