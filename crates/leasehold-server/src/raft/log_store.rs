@@ -1034,6 +1034,26 @@ mod storage_tests {
         assert_eq!(state.last_log_id.map(|l| l.index), Some(210));
     }
 
+    /// A write that fails (here: the segment swapped for a read-only handle)
+    /// is reported, and the log then refuses every later write, even once
+    /// the disk would take it: after a failed fsync the page cache cannot be
+    /// trusted to hold what was written before.
+    #[tokio::test]
+    async fn after_a_failed_write_the_log_takes_no_more() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = LogStore::open(dir.path()).expect("open");
+        append(&mut log, vec![blank(1)]).await;
+        let read_only = std::fs::File::open(only_segment(dir.path())).unwrap();
+        let good = std::mem::replace(&mut log.writer.lock().unwrap().file, read_only);
+        assert!(log.blocking_append(vec![blank(2)]).await.is_err());
+        log.writer.lock().unwrap().file = good;
+        assert!(
+            log.blocking_append(vec![blank(2)]).await.is_err(),
+            "a write after a failed one was taken"
+        );
+        assert!(log.purge(*blank(1).get_log_id()).await.is_err());
+    }
+
     #[tokio::test]
     async fn truncate_and_purge_survive_a_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
