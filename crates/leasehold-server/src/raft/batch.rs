@@ -32,6 +32,15 @@ const MAX_IN_FLIGHT_ALONE: usize = 1;
 /// to the followers together with the answer's next append (measured, 3 nodes,
 /// `cycle` x50: 1 in flight 5.1-5.6k/s, 2: 5.9-6.0k/s, 4: 6.4-6.9k/s).
 const MAX_IN_FLIGHT_GROUP: usize = 4;
+/// A group's leader with other batches in flight lets the rest of the
+/// runtime run this many times before it cuts the next batch, so that the
+/// requests already read off the sockets join it. On a 2-core machine the
+/// cluster is bound by CPU spent waking threads and processes per log entry,
+/// so fewer, fuller entries serve more (3 nodes, `cycle` x50, alternated:
+/// 6.3-7.4k -> 7.5-9.3k cycles/s). With nothing else in flight a batch goes at
+/// once: a lone caller's latency stays where it was (`cycle` x1 p50 1.9-2.0 ms
+/// either way).
+const YIELDS_BEFORE_A_FOLLOWING_BATCH: usize = 8;
 /// A batch not committed within this long is answered `Unknown`, and the next
 /// batch may go: a leader cut off from its majority would otherwise hold
 /// every caller until a new leader truncated the entry. The entry may still
@@ -74,6 +83,13 @@ impl Consensus {
             let Ok(permit) = in_flight.clone().acquire_owned().await else {
                 return;
             };
+            let others_in_flight =
+                voters > 1 && in_flight.available_permits() + 1 < MAX_IN_FLIGHT_GROUP;
+            if others_in_flight {
+                for _ in 0..YIELDS_BEFORE_A_FOLLOWING_BATCH {
+                    tokio::task::yield_now().await;
+                }
+            }
             let mut batch = Vec::with_capacity(MAX_BATCH.min(queue.len() + 1));
             batch.push(first);
             while batch.len() < MAX_BATCH {
