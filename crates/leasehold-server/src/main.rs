@@ -33,7 +33,9 @@ struct Args {
     /// Directory for the Raft log, vote and snapshots.
     #[arg(long, env = "LEASEHOLD_DATA_DIR", default_value = "./leasehold-data")]
     data_dir: PathBuf,
-    /// Take a snapshot after this many applied commands (and purge the log before it).
+    /// Take a snapshot after at least this many applied commands (and purge
+    /// the log before it), once their log entries are as large as the last
+    /// snapshot.
     #[arg(long, default_value_t = 100_000)]
     snapshot_every: u64,
     /// A snapshot goes to a peer that needs one in chunks of at most this

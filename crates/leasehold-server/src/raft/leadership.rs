@@ -147,7 +147,7 @@ impl Consensus {
                 match self.raft.ensure_linearizable().await {
                     Ok(_) => {
                         let (base, applied_epoch) = {
-                            let applied = self.shared.lock();
+                            let applied = self.shared.read();
                             (applied.table.now(), applied.table.epoch())
                         };
                         // Back after a lapse in the same term: the same epoch.

@@ -233,6 +233,24 @@ fn replay_into(
     }
 }
 
+/// Writes bytes `from..to` of `file` to the disk and waits for them (not a
+/// flush of the disk's cache: only `fsync` makes them durable).
+fn write_back(file: &File, from: usize, to: usize) -> io::Result<()> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    let offset = |n: usize| libc::off64_t::try_from(n).map_err(io::Error::other);
+    // SAFETY: sync_file_range only reads its integer arguments; the
+    // descriptor is owned by `file`, which outlives the call.
+    let rc = unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset(from)?, offset(to - from)?, flags)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -733,13 +751,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
+/// A big file is written back this much at a time (see [`write_atomically`]).
+const WRITEBACK_STEP: usize = 1 << 20;
+
 /// Writes a file so that a crash leaves either the old or the new content.
+///
+/// A big file (a snapshot) is written back a MiB at a time, each MiB on the
+/// disk before the next is written: the disk's queue then never holds more
+/// than that ahead of the log's next `fdatasync`. Written whole and synced
+/// once, the 83 MB snapshot of a million held locks put the log's flushes
+/// behind all of it (up to 400 ms each, on three nodes snapshotting at
+/// once), and a node that cannot flush its log cannot send heartbeats.
 pub(crate) fn write_atomically(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut file = File::create(&tmp)?;
+        let (mut written, mut on_disk) = (0usize, 0usize);
         for part in parts {
-            file.write_all(part)?;
+            for piece in part.chunks(WRITEBACK_STEP) {
+                file.write_all(piece)?;
+                written += piece.len();
+                if written - on_disk >= WRITEBACK_STEP {
+                    write_back(&file, on_disk, written)?;
+                    on_disk = written;
+                }
+            }
         }
         file.sync_all()?;
     }
@@ -1076,6 +1112,24 @@ mod storage_tests {
         assert_eq!(indexes, vec![4, 5, 6, 7, 8]);
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
+    }
+
+    #[test]
+    fn a_big_file_written_back_in_steps_holds_every_part_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("snapshot");
+        std::fs::write(&path, b"old").unwrap();
+        // Parts that end short of, on and past a step's boundary.
+        let step = super::WRITEBACK_STEP;
+        let parts: Vec<Vec<u8>> = [7, step - 7, 3 * step + 5, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|b| (b * 31 + i) as u8).collect())
+            .collect();
+        let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+        super::write_atomically(&path, &slices).expect("write");
+        assert_eq!(std::fs::read(&path).unwrap(), parts.concat());
+        assert!(!path.with_extension("tmp").exists());
     }
 
     use openraft::RaftLogId;

@@ -146,19 +146,19 @@ impl Consensus {
         // still lacks entries it committed before it crashed. This
         // leadership's first command (the tick that restamps leases) comes
         // after all of them; once it is applied, so are they.
-        if self.shared.lock().table.epoch() < clock.epoch {
+        if self.shared.read().table.epoch() < clock.epoch {
             let _tick = self.propose(Command::Tick).await?;
         }
         let Some(now) = self.now() else {
             return Err(self.not_leader());
         };
-        let applied = self.shared.lock();
+        let applied = self.shared.read();
         Ok(f(&applied.table, now))
     }
 
     /// Reads the applied table as it stands here, without a leadership check.
     pub fn read_local<T>(&self, f: impl FnOnce(&LockTable) -> T) -> T {
-        f(&self.shared.lock().table)
+        f(&self.shared.read().table)
     }
 
     /// The hub this node's state machine publishes to.
@@ -197,7 +197,7 @@ impl Consensus {
 
     /// The index of the last applied log entry.
     pub fn last_applied(&self) -> u64 {
-        self.shared.lock().last_applied.map_or(0, |l| l.index)
+        self.shared.read().last_applied.map_or(0, |l| l.index)
     }
 
     /// This node's id.

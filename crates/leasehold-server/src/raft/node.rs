@@ -36,7 +36,8 @@ use crate::hub::Hub;
 /// Tuning for the Raft node.
 #[derive(Debug, Clone)]
 pub struct RaftOptions {
-    /// Take a snapshot after this many applied commands since the last one.
+    /// Take a snapshot after at least this many applied commands since the
+    /// last one, once their log entries are as large as that snapshot.
     pub snapshot_every: u64,
     /// A snapshot is sent to a peer in chunks of at most this many bytes.
     pub snapshot_chunk_bytes: u64,
@@ -309,8 +310,8 @@ impl Consensus {
         }
     }
 
-    /// Takes a snapshot (and so lets the log be purged) every
-    /// `snapshot_every` applied commands.
+    /// Takes a snapshot (and so lets the log be purged) whenever the state
+    /// machine says one is due.
     async fn snapshot_when_due(self) {
         loop {
             self.shared.snapshot_due.notified().await;
