@@ -7,10 +7,12 @@ snapshot of them by applying past `--snapshot-every`, then kills a follower,
 deletes its data dir and starts it empty. Reports how long until it has
 applied everything the leader had, the snapshot chunks sent, the snapshot's
 size, the rebuilt follower's resident memory, and the number of locks
-held in its table. Stops exactly the processes it started.
+held in its table; then runs `cycle` x50 for LOAD seconds with every lock
+still held and reports the elections it saw. Stops exactly the processes it
+started.
 
     cargo build --release --bin leaseholdd --bin leasehold
-    python3 bench/snapshot.py [--locks 1000000]
+    python3 bench/snapshot.py [--locks 1000000] [--load 30]
 """
 
 import argparse
@@ -55,6 +57,7 @@ def rss(pid):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--locks", type=int, default=1_000_000)
+    ap.add_argument("--load", type=int, default=30, help="seconds of cycle x50 with the locks held")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="leasehold-snapshot-")
     fo.NODE_ARGS[:] = ["--snapshot-every", str(max(args.locks // 2, 1_000))]
@@ -94,8 +97,19 @@ def main():
               f"(and whatever log followed it); its RSS {rss(cluster.procs[follower].pid) / 2**20:.0f} MiB", flush=True)
         held_there = metric(faddr, "leasehold_locks_held")
         print(f"locks held in the rebuilt node's table: {held_there:,.0f}", flush=True)
+        # Then `cycle` load on top of every held lock: snapshots of the big
+        # table come and go, and the group should keep its leader throughout.
+        term = max(health(a).get("term", 0) for a in cluster.addrs)
+        r = subprocess.run([fo.CLI, "--endpoint", endpoint, "bench", "--workload", "cycle", "--clients", "50",
+                            "--duration", f"{args.load}s", "--json"], capture_output=True, text=True)
+        load = json.loads(r.stdout.strip().splitlines()[-1])
+        elections = max(health(a).get("term", 0) for a in cluster.addrs) - term
+        print(f"cycle x50 for {args.load} s with them held: {load['ops_per_sec']:,.0f} cycles/s, "
+              f"p99.9 {load['latency_ms']['p999']:.1f} ms, max {load['latency_ms']['max']:.1f} ms, "
+              f"the term rose by {elections}", flush=True)
         print(json.dumps({"locks": held["ops"], "rebuild_seconds": took, "snapshot_bytes": size, "chunks": chunks,
-                          "locks_on_rebuilt_node": held_there}))
+                          "locks_on_rebuilt_node": held_there, "load_cycles_per_sec": load["ops_per_sec"],
+                          "load_latency_ms": load["latency_ms"], "load_new_terms": elections}))
     finally:
         cluster.stop()
         shutil.rmtree(workdir, ignore_errors=True)
