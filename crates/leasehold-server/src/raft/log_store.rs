@@ -766,13 +766,17 @@ pub(crate) fn write_atomically(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut file = File::create(&tmp)?;
-        let (mut written, mut on_disk) = (0usize, 0usize);
+        let (mut written, mut on_disk, mut paced) = (0usize, 0usize, true);
         for part in parts {
             for piece in part.chunks(WRITEBACK_STEP) {
                 file.write_all(piece)?;
                 written += piece.len();
-                if written - on_disk >= WRITEBACK_STEP {
-                    write_back(&file, on_disk, written)?;
+                if paced && written - on_disk >= WRITEBACK_STEP {
+                    // Only pacing: the `sync_all` below makes the file durable.
+                    if let Err(e) = write_back(&file, on_disk, written) {
+                        tracing::debug!(error = %e, "cannot write a file back in steps");
+                        paced = false;
+                    }
                     on_disk = written;
                 }
             }
