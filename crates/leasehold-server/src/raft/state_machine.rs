@@ -211,15 +211,10 @@ impl RaftSnapshotBuilder<TypeConfig> for Builder {
             snapshots.save(&meta, &data)?;
             Ok((meta, data))
         };
-        let result = if self.snapshots.save_blocks() {
-            tokio::task::spawn_blocking(save)
-                .await
-                .map_err(io_err)
-                .and_then(|r| r)
-        } else {
-            save()
-        };
-        let (meta, data) = result.map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
+        let result = off_the_runtime(self.snapshots.save_blocks(), save).await;
+        let (meta, data) = result
+            .and_then(|r| r)
+            .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
