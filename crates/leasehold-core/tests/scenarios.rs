@@ -899,3 +899,55 @@ fn readers_behind_a_writer_that_gives_up_are_granted_at_once() {
     );
     assert!(view.waiters.is_empty());
 }
+
+#[test]
+fn the_work_of_a_command_counts_the_keys_of_every_lease_it_ends() {
+    let mut t = T::new();
+    let a = t.lease(1_000, "a");
+    let b = t.lease(5_000, "b");
+    for key in ["a/1", "a/2", "a/3"] {
+        t.acquire(a, key, 0).expect("acquire");
+    }
+    for key in ["b/1", "b/2"] {
+        t.acquire(b, key, 0).expect("acquire");
+    }
+    // b also waits behind a for one key.
+    assert!(matches!(
+        t.acquire(b, "a/1", 10_000),
+        Ok(Response::Queued { .. })
+    ));
+    let at = |now| Stamp { now, epoch: 1 };
+    let tick = [Command::Tick];
+    assert_eq!(t.table.work(at(500), &tick), 1, "nothing is due yet");
+    assert_eq!(
+        t.table.work(at(1_000), &tick),
+        1 + 3,
+        "a expires: its 3 keys"
+    );
+    assert_eq!(
+        t.table.work(at(5_000), &tick),
+        1 + 3 + 3,
+        "both expire: b's 2 keys and its wait too"
+    );
+    assert_eq!(
+        t.table.work(at(10_100), &tick),
+        1 + 3 + 3 + 1,
+        "and b's wait times out"
+    );
+    let revoke_b = [Command::Revoke { lease: b }];
+    assert_eq!(t.table.work(at(500), &revoke_b), 1 + 3);
+    let wrapped = [Command::As {
+        token: None,
+        command: Box::new(Command::Revoke { lease: b }),
+    }];
+    assert_eq!(t.table.work(at(500), &wrapped), 1 + 3, "seen through As");
+    let two = [Command::Tick, Command::Revoke { lease: 99 }];
+    assert_eq!(
+        t.table.work(at(500), &two),
+        2,
+        "an unknown lease ends nothing"
+    );
+    // A newer epoch restamps every lease and walks every key.
+    let restamp = Stamp { now: 500, epoch: 2 };
+    assert_eq!(t.table.work(restamp, &tick), 1 + 2 + 5);
+}
