@@ -19,7 +19,7 @@ pub async fn run(consensus: Consensus, shutdown: impl std::future::Future<Output
     loop {
         let wait = match consensus.now() {
             None => None,
-            Some(now) => match consensus.read_local(|t| t.next_deadline()) {
+            Some(now) => match consensus.read_local(|t| t.next_deadline()).await {
                 Some(due) if due <= now => {
                     if let Err(e) = consensus.propose(Command::Tick).await {
                         tracing::debug!(error = %e, "tick not proposed");

@@ -236,7 +236,7 @@ impl LockService {
     /// The caller's token by this node's applied state: a check before
     /// anything is proposed, so a bad token costs no disk write. The table
     /// checks again when the command applies.
-    fn caller_here(&self) -> Result<Option<TokenId>, ApiError> {
+    async fn caller_here(&self) -> Result<Option<TokenId>, ApiError> {
         let cache = &self.consensus.hub().auth;
         let version = cache.version();
         match cache.get(version, self.bearer.as_ref()) {
@@ -244,11 +244,14 @@ impl LockService {
             Some(Known::Token(answer)) => return Ok(answer.map(Some)?),
             Some(Known::Unknown) | None => {}
         }
-        let (enabled, answer) = self.consensus.read_local(|t| {
-            let auth = t.auth();
-            let answer = self.bearer.as_ref().map(|b| auth.authenticate(b));
-            (auth.enabled(), answer)
-        });
+        let (enabled, answer) = self
+            .consensus
+            .read_local(|t| {
+                let auth = t.auth();
+                let answer = self.bearer.as_ref().map(|b| auth.authenticate(b));
+                (auth.enabled(), answer)
+            })
+            .await;
         cache.put(version, enabled, self.bearer.as_ref().zip(answer.clone()));
         if !enabled {
             return Ok(self.open_caller()?);
@@ -272,8 +275,8 @@ impl LockService {
 
     /// Refuses a token this node does not know (with auth off, any token
     /// passes: it is not looked at).
-    pub fn check_token(&self) -> Result<(), ApiError> {
-        self.caller_here().map(drop)
+    pub async fn check_token(&self) -> Result<(), ApiError> {
+        self.caller_here().await.map(drop)
     }
 
     /// Checks, with a live token, that the caller may do `needed` on `key`.
@@ -289,7 +292,7 @@ impl LockService {
     ) -> Result<T, ApiError> {
         // A node that is not the leader refuses a token it knows is bad
         // before it says where the leader is.
-        self.caller_here()?;
+        self.caller_here().await?;
         Ok(self
             .consensus
             .read(|t, now| {
@@ -336,7 +339,7 @@ impl LockService {
     /// entry that turned auth on still proposes it as the caller's, and the
     /// table refuses it there.
     async fn propose_as(&self, command: Command) -> Result<Response, ApiError> {
-        let token = self.caller_here()?;
+        let token = self.caller_here().await?;
         self.propose(Command::As {
             token,
             command: Box::new(command),
@@ -383,11 +386,14 @@ impl LockService {
     pub async fn revoke(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
         self.measured("revoke", async move {
             // Revoking another token's lease is an admin act: audited.
-            let others = self.consensus.read_local(|t| {
-                let who = self.caller(t.auth()).ok().flatten()?;
-                let owner = t.lease(lease, t.now())?.owner;
-                (owner != Some(who)).then(|| (t.auth().who(Some(who)), t.auth().who(owner)))
-            });
+            let others = self
+                .consensus
+                .read_local(|t| {
+                    let who = self.caller(t.auth()).ok().flatten()?;
+                    let owner = t.lease(lease, t.now())?.owner;
+                    (owner != Some(who)).then(|| (t.auth().who(Some(who)), t.auth().who(owner)))
+                })
+                .await;
             match self.propose_as(Command::Revoke { lease }).await? {
                 Response::Revoked { released } => {
                     if let Some((who, owner)) = others {
@@ -540,7 +546,7 @@ impl LockService {
         };
         let queued_at = std::time::Instant::now();
         let first = self.propose_as(command.clone()).await;
-        let queued_in = self.consensus.read_local(|t| t.epoch());
+        let queued_in = self.consensus.read_local(|t| t.epoch()).await;
         let result = match first {
             Ok(Response::Acquired(grant)) => Ok(grant),
             Ok(Response::Queued { attempt, .. }) => {
@@ -550,7 +556,7 @@ impl LockService {
                 let limit = Duration::from_millis(args.wait_ms) + Duration::from_secs(2);
                 match tokio::time::timeout(limit, outcome).await {
                     Ok(Ok(WaitResult::Granted(grant)))
-                        if self.consensus.read_local(|t| t.epoch()) == queued_in =>
+                        if self.consensus.read_local(|t| t.epoch()).await == queued_in =>
                     {
                         hub.metrics.waited(queued_at.elapsed());
                         Ok(grant)
@@ -631,6 +637,7 @@ impl LockService {
                 Some(PlantedBug::BlindRelease) => self
                     .consensus
                     .read_local(|t| t.lock(&key, 0))
+                    .await
                     .and_then(|l| l.holder)
                     .map_or(fence, |h| h.fence),
                 _ => fence,
@@ -680,7 +687,7 @@ impl LockService {
         limits::validate_key(key)?;
         #[cfg(feature = "planted-bugs")]
         if self.planted == Some(PlantedBug::StaleRead) {
-            return Ok(self.consensus.read_local(|t| t.lock(key, 0)));
+            return Ok(self.consensus.read_local(|t| t.lock(key, 0)).await);
         }
         self.read_as(|t, who, now| {
             t.auth().check(who, key, Permission::Read)?;
@@ -765,11 +772,11 @@ impl LockService {
     /// Lock events from now on, for keys under `prefix` that the caller
     /// may read. With auth on, the watch ends (`unauthenticated`) when its
     /// token is revoked, and follows changes to its role.
-    pub fn watch(&self, prefix: String) -> Result<Watch, ApiError> {
+    pub async fn watch(&self, prefix: String) -> Result<Watch, ApiError> {
         validate_prefix(&prefix)?;
         // Subscribe first: an auth change from here on is seen as an event.
         let rx = self.consensus.hub().subscribe();
-        let access = self.consensus.read_local(|t| self.access(t.auth()))?;
+        let access = self.consensus.read_local(|t| self.access(t.auth())).await?;
         Ok(Watch {
             rx,
             prefix,
@@ -796,14 +803,14 @@ impl LockService {
     // ---- cluster ----
 
     /// Members, roles, term, leader and lag: for any caller with a live token.
-    pub fn cluster_status(&self) -> Result<ClusterStatus, ApiError> {
-        self.caller_here()?;
+    pub async fn cluster_status(&self) -> Result<ClusterStatus, ApiError> {
+        self.caller_here().await?;
         Ok(self.consensus.cluster_status())
     }
 
     /// Adds a member (admin on every key).
     pub async fn add_member(&self, id: NodeId, addr: String) -> Result<ClusterStatus, ApiError> {
-        let who = self.admin_here()?;
+        let who = self.admin_here().await?;
         let what = format!("member {id} at {addr} added");
         let status = self.consensus.add_member(id, addr).await?;
         audit(&who, &what);
@@ -812,18 +819,21 @@ impl LockService {
 
     /// Removes a member (admin on every key).
     pub async fn remove_member(&self, id: NodeId) -> Result<ClusterStatus, ApiError> {
-        let who = self.admin_here()?;
+        let who = self.admin_here().await?;
         let status = self.consensus.remove_member(id).await?;
         audit(&who, &format!("member {id} removed"));
         Ok(status)
     }
 
     /// Checks the caller has admin on every key; who it is, for the audit log.
-    fn admin_here(&self) -> Result<String, ApiError> {
-        Ok(self.consensus.read_local(|t| {
-            self.allowed(t, "", Permission::Admin)?;
-            Ok::<_, LockError>(t.auth().who(self.caller(t.auth())?))
-        })?)
+    async fn admin_here(&self) -> Result<String, ApiError> {
+        Ok(self
+            .consensus
+            .read_local(|t| {
+                self.allowed(t, "", Permission::Admin)?;
+                Ok::<_, LockError>(t.auth().who(self.caller(t.auth())?))
+            })
+            .await?)
     }
 
     // ---- auth ----
@@ -837,8 +847,8 @@ impl LockService {
         // A repeated enable needs no token: the table answers it if it
         // names the root token's secret, and refuses it otherwise.
         let enable = matches!(change, AuthChange::Enable { .. });
-        let token = match self.caller_here() {
-            Err(_) if enable && self.consensus.read_local(|t| t.auth().enabled()) => None,
+        let token = match self.caller_here().await {
+            Err(_) if enable && self.consensus.read_local(|t| t.auth().enabled()).await => None,
             caller => caller?,
         };
         let command = Command::As {
@@ -1109,7 +1119,10 @@ impl Watch {
                 Event::AuthChanged { .. } => {
                     // The token may be gone, or its role changed.
                     let service = &self.service;
-                    self.access = service.consensus.read_local(|t| service.access(t.auth()))?;
+                    self.access = service
+                        .consensus
+                        .read_local(|t| service.access(t.auth()))
+                        .await?;
                     continue;
                 }
                 _ => continue,

@@ -77,12 +77,14 @@ async fn answer(service: LockService, request: Frame) -> Frame {
 
 /// Takes an authenticate frame: the connection acts for its token from
 /// here on, if the token is good now; otherwise nothing changes.
-fn authenticate(service: &mut LockService, request: Frame) -> Frame {
-    let checked = decode::<pb::AuthenticateRequest>(request.body).and_then(|r| {
-        let next = service.with_bearer(Some(&r.token));
-        next.check_token()?;
-        Ok(next)
-    });
+async fn authenticate(service: &mut LockService, request: Frame) -> Frame {
+    let checked = match decode::<pb::AuthenticateRequest>(request.body) {
+        Ok(r) => {
+            let next = service.with_bearer(Some(&r.token));
+            next.check_token().await.map(|()| next)
+        }
+        Err(e) => Err(e),
+    };
     match checked {
         Ok(next) => {
             *service = next;
@@ -138,7 +140,7 @@ pub async fn serve<R, W>(
                 match request {
                     Some(Ok(frame)) if frame.tag == Op::Authenticate as u8 => {
                         last_call = tokio::time::Instant::now();
-                        let reply = authenticate(&mut service, frame);
+                        let reply = authenticate(&mut service, frame).await;
                         in_flight.push(futures::future::ready(reply).boxed());
                     }
                     Some(Ok(frame)) => {

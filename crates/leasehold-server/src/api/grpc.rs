@@ -222,7 +222,7 @@ impl Leasehold for Grpc {
         request: Request<pb::ClusterStatusRequest>,
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
         let (s, _) = self.caller(request)?;
-        Ok(Response::new(cluster_status(s.cluster_status()?)))
+        Ok(Response::new(cluster_status(s.cluster_status().await?)))
     }
 
     async fn add_member(
@@ -250,7 +250,7 @@ impl Leasehold for Grpc {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let (s, r) = self.caller(request)?;
-        let watch = s.watch(r.prefix)?;
+        let watch = s.watch(r.prefix).await?;
         let stream = futures::stream::unfold(Some(watch), |watch| async move {
             let mut watch = watch?;
             match watch.next().await {

@@ -215,7 +215,7 @@ async fn metrics(State(s): State<LockService>) -> impl IntoResponse {
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.consensus().hub().metrics.render(s.consensus()),
+        s.consensus().hub().metrics.render(s.consensus()).await,
     )
 }
 
@@ -490,7 +490,7 @@ async fn watch(
     Caller(s): Caller,
     Query(q): Query<WatchQuery>,
 ) -> Result<Sse<impl Stream<Item = std::result::Result<SseEvent, Infallible>>>> {
-    let watch = s.watch(q.prefix)?;
+    let watch = s.watch(q.prefix).await?;
     let stream = futures::stream::unfold(Some(watch), |watch| async move {
         let mut watch = watch?;
         let (event, next) = match watch.next().await {
@@ -506,7 +506,7 @@ async fn watch(
 }
 
 async fn cluster_status(Caller(s): Caller) -> Result<Json<Value>> {
-    Ok(Json(json!(s.cluster_status()?)))
+    Ok(Json(json!(s.cluster_status().await?)))
 }
 
 #[derive(Deserialize)]

@@ -146,10 +146,10 @@ impl Consensus {
                 // so the clock starts from the latest table time.
                 match self.raft.ensure_linearizable().await {
                     Ok(_) => {
-                        let (base, applied_epoch) = {
-                            let applied = self.shared.read();
-                            (applied.table.now(), applied.table.epoch())
-                        };
+                        let (base, applied_epoch) = self
+                            .shared
+                            .read_async(|a| (a.table.now(), a.table.epoch()))
+                            .await;
                         // Back after a lapse in the same term: the same epoch.
                         let epoch = match serving {
                             Some((t, e)) if t == term => e,

@@ -146,19 +146,20 @@ impl Consensus {
         // still lacks entries it committed before it crashed. This
         // leadership's first command (the tick that restamps leases) comes
         // after all of them; once it is applied, so are they.
-        if self.shared.read().table.epoch() < clock.epoch {
+        if self.read_local(|t| t.epoch()).await < clock.epoch {
             let _tick = self.propose(Command::Tick).await?;
         }
         let Some(now) = self.now() else {
             return Err(self.not_leader());
         };
-        let applied = self.shared.read();
-        Ok(f(&applied.table, now))
+        Ok(self.shared.read_async(|a| f(&a.table, now)).await)
     }
 
-    /// Reads the applied table as it stands here, without a leadership check.
-    pub fn read_local<T>(&self, f: impl FnOnce(&LockTable) -> T) -> T {
-        f(&self.shared.read().table)
+    /// Reads the applied table as it stands here, without a leadership
+    /// check. Waits, without holding the thread, while a large entry is
+    /// applied.
+    pub async fn read_local<T>(&self, f: impl FnOnce(&LockTable) -> T) -> T {
+        self.shared.read_async(|a| f(&a.table)).await
     }
 
     /// The hub this node's state machine publishes to.
@@ -197,7 +198,7 @@ impl Consensus {
 
     /// The index of the last applied log entry.
     pub fn last_applied(&self) -> u64 {
-        self.shared.read().last_applied.map_or(0, |l| l.index)
+        self.shared.last_applied_index()
     }
 
     /// This node's id.

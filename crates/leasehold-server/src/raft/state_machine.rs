@@ -3,7 +3,7 @@
 
 use std::io::{self, Cursor};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::Instant;
 
 use leasehold_core::{Command, Event, LockTable, Outcome, Time};
@@ -50,6 +50,9 @@ pub type ApplyTap = Arc<dyn Fn(u64, &[AppliedCommand]) + Send + Sync>;
 /// Shared by the state machine, snapshot builders and the API's reads.
 pub(crate) struct Shared {
     applied: RwLock<Applied>,
+    /// Signalled each time the state machine lets go of `applied`, for
+    /// readers on the runtime that found it taken (see [`Shared::read_async`]).
+    unlocked: Notify,
     pub hub: Arc<Hub>,
     snapshots: Arc<dyn SnapshotStore>,
     /// Commands applied since the last snapshot. Snapshots are triggered by
@@ -70,15 +73,40 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Reads the applied state. Never held across an `.await`.
+    /// Reads the applied state, waiting while the state machine changes it:
+    /// for a blocking thread, or the state machine's own task. A task on
+    /// the runtime uses [`Shared::read_async`]. Never held across an `.await`.
     pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
         self.applied.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Reads the applied state from a task on the runtime. While an entry
+    /// is applied off the runtime (see [`HEAVY_KEYS`]) the state is taken
+    /// for as long as that takes; this waits for it without holding the
+    /// thread, which also sends the node's heartbeats.
+    pub async fn read_async<T>(&self, f: impl FnOnce(&Applied) -> T) -> T {
+        loop {
+            // Registered before the look, so a release in between is seen.
+            let unlocked = self.unlocked.notified();
+            tokio::pin!(unlocked);
+            unlocked.as_mut().enable();
+            match self.applied.try_read() {
+                Ok(applied) => return f(&applied),
+                Err(TryLockError::Poisoned(e)) => return f(&e.into_inner()),
+                Err(TryLockError::WouldBlock) => {}
+            }
+            unlocked.await;
+        }
+    }
+
     /// Changes the applied state: only the state machine does, as it applies
-    /// entries or installs a snapshot. Never held across an `.await`.
-    fn write(&self) -> RwLockWriteGuard<'_, Applied> {
-        self.applied.write().unwrap_or_else(|e| e.into_inner())
+    /// entries or installs a snapshot. Readers waiting on the runtime are
+    /// woken when the returned guard goes. Never held across an `.await`.
+    fn write(&self) -> Writing<'_> {
+        Writing {
+            guard: Some(self.applied.write().unwrap_or_else(|e| e.into_inner())),
+            unlocked: &self.unlocked,
+        }
     }
 
     /// A snapshot is due once `snapshot_every` commands were applied since
@@ -94,6 +122,90 @@ impl Shared {
         since >= self.snapshot_every && (last < SMALL_SNAPSHOT || bytes_since >= last)
     }
 
+    /// The index of the last applied log entry, without waiting for the
+    /// applied state.
+    pub fn last_applied_index(&self) -> u64 {
+        self.applied_index.load(Ordering::Relaxed)
+    }
+
+    /// About how many keys applying `entries` touches (see
+    /// [`LockTable::work`]).
+    fn work(&self, entries: &[Entry<TypeConfig>]) -> usize {
+        let applied = self.read();
+        entries
+            .iter()
+            .map(|e| match &e.payload {
+                EntryPayload::Normal(request) => {
+                    applied.table.work(request.stamp, &request.commands)
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Applies `entries` in order and publishes what happened; their
+    /// answers, and the encoded size of their commands.
+    fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> (Vec<Vec<Outcome>>, u64) {
+        let mut outcomes = Vec::new();
+        let mut events = Vec::new();
+        let mut bytes = 0;
+        {
+            let mut applied = self.write();
+            let tap = self.tap.get();
+            for entry in entries {
+                applied.last_applied = Some(entry.log_id);
+                if let EntryPayload::Normal(request) = &entry.payload {
+                    bytes += bincode::serialized_size(request).unwrap_or(0);
+                }
+                let mut seen = Vec::new();
+                let answers = match entry.payload {
+                    EntryPayload::Blank => Vec::new(),
+                    EntryPayload::Normal(request) if tap.is_some() => {
+                        let stamp = request.stamp;
+                        let table = &mut applied.table;
+                        request
+                            .commands
+                            .into_iter()
+                            .map(|c| {
+                                let (from, command) = (events.len(), c.clone());
+                                let outcome = table.apply(stamp, c, &mut events);
+                                seen.push(AppliedCommand {
+                                    command,
+                                    outcome: outcome.clone(),
+                                    events: events[from..].to_vec(),
+                                    now: table.now(),
+                                });
+                                outcome
+                            })
+                            .collect()
+                    }
+                    EntryPayload::Normal(request) => {
+                        let stamp = request.stamp;
+                        let table = &mut applied.table;
+                        request
+                            .commands
+                            .into_iter()
+                            .map(|c| table.apply(stamp, c, &mut events))
+                            .collect()
+                    }
+                    EntryPayload::Membership(m) => {
+                        applied.membership = StoredMembership::new(Some(entry.log_id), m);
+                        Vec::new()
+                    }
+                };
+                if let Some(tap) = tap {
+                    tap(entry.log_id.index, &seen);
+                }
+                outcomes.push(answers);
+            }
+            if let Some(last) = applied.last_applied {
+                self.applied_index.store(last.index, Ordering::Relaxed);
+            }
+        }
+        self.hub.publish(&events);
+        (outcomes, bytes)
+    }
+
     /// Whether snapshot work goes to a blocking thread (see
     /// [`off_the_runtime`]).
     fn blocks(&self) -> bool {
@@ -104,6 +216,43 @@ impl Shared {
 /// A snapshot smaller than this is written in milliseconds (see
 /// [`Shared::snapshot_is_due`]).
 const SMALL_SNAPSHOT: u64 = 8 << 20;
+
+/// The applied state, taken to be changed; wakes the readers waiting on the
+/// runtime once it is let go.
+struct Writing<'a> {
+    guard: Option<RwLockWriteGuard<'a, Applied>>,
+    unlocked: &'a Notify,
+}
+
+impl std::ops::Deref for Writing<'_> {
+    type Target = Applied;
+    fn deref(&self) -> &Applied {
+        self.guard.as_deref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Writing<'_> {
+    fn deref_mut(&mut self) -> &mut Applied {
+        self.guard.as_deref_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        // Let go first: a reader woken before would find it still taken.
+        drop(self.guard.take());
+        self.unlocked.notify_waiters();
+    }
+}
+
+/// An entry whose commands touch more keys than this (by
+/// [`LockTable::work`]) is applied on a blocking thread, off the runtime
+/// thread that also sends and answers heartbeats. Ending a lease takes about
+/// 0.3-0.5 µs a key here, so this is a few milliseconds; a lease of a million
+/// locks, left to expire, took the thread for about a second and cost the
+/// group an election. Smaller entries stay inline, where they skip the
+/// hand-over to another thread (tens of microseconds on 2 cores).
+const HEAVY_KEYS: usize = 20_000;
 
 /// Runs `work` on a blocking thread when snapshots go to a real disk, and
 /// inline otherwise (a simulation's runtime must never wait on another
@@ -166,6 +315,7 @@ impl StateMachine {
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
+                unlocked: Notify::new(),
                 hub,
                 snapshots,
                 since_snapshot: AtomicU64::new(0),
@@ -237,65 +387,31 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut outcomes = Vec::new();
-        let mut events = Vec::new();
-        let mut bytes = 0;
-        {
-            let mut applied = self.shared.write();
-            let tap = self.shared.tap.get();
-            for entry in entries {
-                applied.last_applied = Some(entry.log_id);
-                if let EntryPayload::Normal(request) = &entry.payload {
-                    bytes += bincode::serialized_size(request).unwrap_or(0);
-                }
-                let mut seen = Vec::new();
-                let answers = match entry.payload {
-                    EntryPayload::Blank => Vec::new(),
-                    EntryPayload::Normal(request) if tap.is_some() => {
-                        let stamp = request.stamp;
-                        let table = &mut applied.table;
-                        request
-                            .commands
-                            .into_iter()
-                            .map(|c| {
-                                let (from, command) = (events.len(), c.clone());
-                                let outcome = table.apply(stamp, c, &mut events);
-                                seen.push(AppliedCommand {
-                                    command,
-                                    outcome: outcome.clone(),
-                                    events: events[from..].to_vec(),
-                                    now: table.now(),
-                                });
-                                outcome
-                            })
-                            .collect()
-                    }
-                    EntryPayload::Normal(request) => {
-                        let stamp = request.stamp;
-                        let table = &mut applied.table;
-                        request
-                            .commands
-                            .into_iter()
-                            .map(|c| table.apply(stamp, c, &mut events))
-                            .collect()
-                    }
-                    EntryPayload::Membership(m) => {
-                        applied.membership = StoredMembership::new(Some(entry.log_id), m);
-                        Vec::new()
-                    }
-                };
-                if let Some(tap) = tap {
-                    tap(entry.log_id.index, &seen);
-                }
-                outcomes.push(answers);
-            }
-            if let Some(last) = applied.last_applied {
-                self.shared
-                    .applied_index
-                    .store(last.index, Ordering::Relaxed);
-            }
-        }
-        self.shared.hub.publish(&events);
+        let entries: Vec<_> = entries.into_iter().collect();
+        let work = if self.shared.blocks() {
+            self.shared.work(&entries)
+        } else {
+            0
+        };
+        let (outcomes, bytes) = if work > HEAVY_KEYS {
+            let last = entries.last().map(|e| e.log_id);
+            let started = Instant::now();
+            let shared = self.shared.clone();
+            let applied = off_the_runtime(true, move || shared.apply_entries(entries))
+                .await
+                .map_err(|e| match last {
+                    Some(log_id) => StorageIOError::apply(log_id, any(e)),
+                    None => StorageIOError::write_state_machine(any(e)),
+                })?;
+            tracing::info!(
+                keys = work,
+                took = ?started.elapsed(),
+                "applied a large entry off the runtime thread"
+            );
+            applied
+        } else {
+            self.shared.apply_entries(entries)
+        };
         self.shared.hub.applied.notify_one();
         let applied: usize = outcomes.iter().map(Vec::len).sum();
         let since = self
@@ -561,5 +677,108 @@ mod tests {
             .expect("load")
             .expect("stored");
         assert_eq!(stored.lease_count(), 50_000);
+    }
+
+    /// Acquires for lease 1 (the first granted), `n` keys from `from` on.
+    fn acquires(from: usize, n: usize) -> Vec<Command> {
+        (from..from + n)
+            .map(|i| Command::Acquire {
+                lease: 1,
+                key: format!("held/{i:08}"),
+                wait_ms: 0,
+                lock_delay_ms: 0,
+                request_id: 0,
+                mode: leasehold_core::Mode::Exclusive,
+            })
+            .collect()
+    }
+
+    /// Applies `command` as entry `index` while another task waits to run
+    /// on this test's one runtime thread; whether it ran meanwhile, and the
+    /// command's outcome.
+    async fn apply_watched(sm: &mut StateMachine, index: u64, command: Command) -> (bool, Outcome) {
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        tokio::spawn(async move { flag.store(true, Ordering::Relaxed) });
+        let mut outcomes = sm
+            .apply([entry(index, vec![command])])
+            .await
+            .expect("apply");
+        let outcome = outcomes
+            .pop()
+            .and_then(|mut o| o.pop())
+            .expect("an outcome");
+        (ran.load(Ordering::Relaxed), outcome)
+    }
+
+    #[tokio::test]
+    async fn ending_a_lease_of_many_locks_leaves_the_runtime_thread_free() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut sm = open(Arc::new(FileSnapshots::in_dir(dir.path())), 1_000_000);
+        let many = HEAVY_KEYS + 1;
+        sm.apply([entry(1, grants(0, 2))]).await.expect("apply");
+        sm.apply([entry(2, acquires(0, many))])
+            .await
+            .expect("apply");
+        assert_eq!(sm.shared.read().table.held_count(), many);
+
+        // Lease 2 holds a few keys: ending it stays inline.
+        let few = (0..3)
+            .map(|i| Command::Acquire {
+                lease: 2,
+                key: format!("few/{i}"),
+                wait_ms: 0,
+                lock_delay_ms: 0,
+                request_id: 0,
+                mode: leasehold_core::Mode::Exclusive,
+            })
+            .collect();
+        sm.apply([entry(3, few)]).await.expect("apply");
+        let (ran, _) = apply_watched(&mut sm, 4, Command::Revoke { lease: 2 }).await;
+        assert!(!ran, "a small entry went off the runtime");
+
+        // Lease 1 holds more than HEAVY_KEYS: the runtime runs on meanwhile.
+        let (ran, outcome) = apply_watched(&mut sm, 5, Command::Revoke { lease: 1 }).await;
+        assert!(ran, "the runtime waited for the revoke of {many} locks");
+        match outcome {
+            Ok(leasehold_core::Response::Revoked { released }) => assert_eq!(released.len(), many),
+            other => panic!("revoke: {other:?}"),
+        }
+        assert_eq!(sm.shared.read().table.held_count(), 0);
+        assert_eq!(sm.shared.last_applied_index(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_reader_on_the_runtime_waits_for_the_table_without_holding_the_thread() {
+        let sm = open(Arc::new(MemorySnapshots::default()), 1_000);
+        let shared = sm.shared.clone();
+        let (taken_tx, taken_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let writer = std::thread::spawn({
+            let shared = shared.clone();
+            move || {
+                let mut applied = shared.write();
+                applied.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 7));
+                taken_tx.send(()).expect("send");
+                go_rx.recv().expect("go");
+            }
+        });
+        taken_rx.recv().expect("taken");
+        let reader = tokio::spawn({
+            let shared = shared.clone();
+            async move { shared.read_async(|a| a.last_applied.map(|l| l.index)).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        // This thread runs: the reader waits as a task, not on the thread.
+        assert!(!reader.is_finished(), "read while the table was taken");
+        go_tx.send(()).expect("go");
+        writer.join().expect("writer");
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(5), reader)
+            .await
+            .expect("the reader was woken when the table was let go")
+            .expect("reader");
+        assert_eq!(seen, Some(7));
     }
 }
