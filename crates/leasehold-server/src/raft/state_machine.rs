@@ -247,12 +247,14 @@ impl Drop for Writing<'_> {
 
 /// An entry whose commands touch more keys than this (by
 /// [`LockTable::work`]) is applied on a blocking thread, off the runtime
-/// thread that also sends and answers heartbeats. Ending a lease takes about
-/// 0.3-0.5 µs a key here, so this is a few milliseconds; a lease of a million
-/// locks, left to expire, took the thread for about a second and cost the
-/// group an election. Smaller entries stay inline, where they skip the
-/// hand-over to another thread (tens of microseconds on 2 cores).
-const HEAVY_KEYS: usize = 20_000;
+/// thread that also sends and answers heartbeats. A node ends a lease in
+/// under a microsecond a key here (300,000 keys in 0.22 s), so what stays
+/// inline holds the thread for a few milliseconds at most, against a 50 ms
+/// heartbeat; a lease of a million locks, left to expire, took the thread
+/// for about a second and cost the group an election. Smaller entries stay
+/// inline and skip the hand-over to another thread (tens of microseconds on
+/// 2 cores), which every ordinary batch would pay.
+const HEAVY_KEYS: usize = 5_000;
 
 /// Runs `work` on a blocking thread when snapshots go to a real disk, and
 /// inline otherwise (a simulation's runtime must never wait on another
