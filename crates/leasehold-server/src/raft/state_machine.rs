@@ -681,12 +681,12 @@ mod tests {
         assert_eq!(stored.lease_count(), 50_000);
     }
 
-    /// Acquires for lease 1 (the first granted), `n` keys from `from` on.
-    fn acquires(from: usize, n: usize) -> Vec<Command> {
-        (from..from + n)
+    /// Acquires of `n` keys under `prefix` for `lease`.
+    fn acquires(lease: u64, prefix: &str, n: usize) -> Vec<Command> {
+        (0..n)
             .map(|i| Command::Acquire {
-                lease: 1,
-                key: format!("held/{i:08}"),
+                lease,
+                key: format!("{prefix}/{i:08}"),
                 wait_ms: 0,
                 lock_delay_ms: 0,
                 request_id: 0,
@@ -695,17 +695,37 @@ mod tests {
             .collect()
     }
 
-    /// Applies `command` as entry `index` while another task waits to run
-    /// on this test's one runtime thread; whether it ran meanwhile, and the
-    /// command's outcome.
+    /// Applies `command` as entry `index`, and says whether another task
+    /// on this test's one runtime thread ran meanwhile.
+    ///
+    /// A reader on another thread holds the applied state until that task
+    /// runs (or half a second passes), so the apply cannot finish first: on
+    /// a blocking thread it waits there while the task runs and lets the
+    /// reader go; inline, it holds this thread until the reader gives up,
+    /// and the task runs only after it.
     async fn apply_watched(sm: &mut StateMachine, index: u64, command: Command) -> (bool, Outcome) {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let reader = std::thread::spawn({
+            let shared = sm.shared.clone();
+            move || {
+                let _held = shared.read();
+                held_tx.send(()).expect("send");
+                let _ = go_rx.recv_timeout(std::time::Duration::from_millis(500));
+            }
+        });
+        held_rx.recv().expect("held");
         let ran = Arc::new(AtomicBool::new(false));
         let flag = ran.clone();
-        tokio::spawn(async move { flag.store(true, Ordering::Relaxed) });
+        tokio::spawn(async move {
+            flag.store(true, Ordering::Relaxed);
+            let _ = go_tx.send(());
+        });
         let mut outcomes = sm
             .apply([entry(index, vec![command])])
             .await
             .expect("apply");
+        reader.join().expect("reader");
         let outcome = outcomes
             .pop()
             .and_then(|mut o| o.pop())
@@ -719,23 +739,15 @@ mod tests {
         let mut sm = open(Arc::new(FileSnapshots::in_dir(dir.path())), 1_000_000);
         let many = HEAVY_KEYS + 1;
         sm.apply([entry(1, grants(0, 2))]).await.expect("apply");
-        sm.apply([entry(2, acquires(0, many))])
+        sm.apply([entry(2, acquires(1, "many", many))])
             .await
             .expect("apply");
         assert_eq!(sm.shared.read().table.held_count(), many);
 
         // Lease 2 holds a few keys: ending it stays inline.
-        let few = (0..3)
-            .map(|i| Command::Acquire {
-                lease: 2,
-                key: format!("few/{i}"),
-                wait_ms: 0,
-                lock_delay_ms: 0,
-                request_id: 0,
-                mode: leasehold_core::Mode::Exclusive,
-            })
-            .collect();
-        sm.apply([entry(3, few)]).await.expect("apply");
+        sm.apply([entry(3, acquires(2, "few", 3))])
+            .await
+            .expect("apply");
         let (ran, _) = apply_watched(&mut sm, 4, Command::Revoke { lease: 2 }).await;
         assert!(!ran, "a small entry went off the runtime");
 
