@@ -649,10 +649,9 @@ mod tests {
         // On this test's one runtime thread, another task runs while the
         // table is serialized and while a snapshot is installed: neither
         // holds the thread.
-        let ran = Arc::new(AtomicBool::new(false));
-        let flag = ran.clone();
-        tokio::spawn(async move { flag.store(true, Ordering::Relaxed) });
+        let (ran, writer) = hold_until_a_task_runs(&sm.shared, true);
         let mut builder = sm.get_snapshot_builder().await;
+        writer.join().expect("writer");
         assert!(
             ran.load(Ordering::Relaxed),
             "the runtime waited for the serialization"
@@ -695,21 +694,29 @@ mod tests {
             .collect()
     }
 
-    /// Applies `command` as entry `index`, and says whether another task
-    /// on this test's one runtime thread ran meanwhile.
+    /// Holds the applied state on another thread (to write, or to read)
+    /// until a task spawned on this test's one runtime thread runs, or half
+    /// a second passes. Whether the task has run, and the holding thread.
     ///
-    /// A reader on another thread holds the applied state until that task
-    /// runs (or half a second passes), so the apply cannot finish first: on
-    /// a blocking thread it waits there while the task runs and lets the
-    /// reader go; inline, it holds this thread until the reader gives up,
-    /// and the task runs only after it.
-    async fn apply_watched(sm: &mut StateMachine, index: u64, command: Command) -> (bool, Outcome) {
+    /// Work that needs the state then cannot finish before the task runs
+    /// if it waits off the runtime; done inline, it holds this thread until
+    /// the holder gives up, and the task runs only after it. Without the
+    /// hold, a test thread preempted on two busy cores let the work finish
+    /// before its first poll.
+    fn hold_until_a_task_runs(
+        shared: &Arc<Shared>,
+        write: bool,
+    ) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         let (held_tx, held_rx) = std::sync::mpsc::channel();
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-        let reader = std::thread::spawn({
-            let shared = sm.shared.clone();
+        let holder = std::thread::spawn({
+            let shared = shared.clone();
             move || {
-                let _held = shared.read();
+                let (_read, _write) = if write {
+                    (None, Some(shared.write()))
+                } else {
+                    (Some(shared.read()), None)
+                };
                 held_tx.send(()).expect("send");
                 let _ = go_rx.recv_timeout(std::time::Duration::from_millis(500));
             }
@@ -721,6 +728,13 @@ mod tests {
             flag.store(true, Ordering::Relaxed);
             let _ = go_tx.send(());
         });
+        (ran, holder)
+    }
+
+    /// Applies `command` as entry `index`, and says whether another task
+    /// on this test's one runtime thread ran meanwhile.
+    async fn apply_watched(sm: &mut StateMachine, index: u64, command: Command) -> (bool, Outcome) {
+        let (ran, reader) = hold_until_a_task_runs(&sm.shared, false);
         let mut outcomes = sm
             .apply([entry(index, vec![command])])
             .await
