@@ -104,8 +104,8 @@ impl Shared {
     /// woken when the returned guard goes. Never held across an `.await`.
     fn write(&self) -> Writing<'_> {
         Writing {
-            guard: Some(self.applied.write().unwrap_or_else(|e| e.into_inner())),
-            unlocked: &self.unlocked,
+            guard: self.applied.write().unwrap_or_else(|e| e.into_inner()),
+            _wake: WakeOnDrop(&self.unlocked),
         }
     }
 
@@ -218,30 +218,32 @@ impl Shared {
 const SMALL_SNAPSHOT: u64 = 8 << 20;
 
 /// The applied state, taken to be changed; wakes the readers waiting on the
-/// runtime once it is let go.
+/// runtime once it is let go. Fields drop in order: the lock goes first, so
+/// a woken reader finds it free.
 struct Writing<'a> {
-    guard: Option<RwLockWriteGuard<'a, Applied>>,
-    unlocked: &'a Notify,
+    guard: RwLockWriteGuard<'a, Applied>,
+    _wake: WakeOnDrop<'a>,
+}
+
+/// Wakes the readers waiting on `unlocked` when dropped.
+struct WakeOnDrop<'a>(&'a Notify);
+
+impl Drop for WakeOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.notify_waiters();
+    }
 }
 
 impl std::ops::Deref for Writing<'_> {
     type Target = Applied;
     fn deref(&self) -> &Applied {
-        self.guard.as_deref().expect("held until dropped")
+        &self.guard
     }
 }
 
 impl std::ops::DerefMut for Writing<'_> {
     fn deref_mut(&mut self) -> &mut Applied {
-        self.guard.as_deref_mut().expect("held until dropped")
-    }
-}
-
-impl Drop for Writing<'_> {
-    fn drop(&mut self) {
-        // Let go first: a reader woken before would find it still taken.
-        drop(self.guard.take());
-        self.unlocked.notify_waiters();
+        &mut self.guard
     }
 }
 
