@@ -55,10 +55,12 @@ def call(addr, method, path, body=None, timeout=1.0):
 
 
 class Cluster:
-    def __init__(self, n, workdir):
+    def __init__(self, n, workdir, data_dirs=None):
         self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
         self.peers = ",".join(f"{i + 1}={a}" for i, a in enumerate(self.addrs))
         self.workdir = workdir
+        # Each node's data dir; by default, one per node in `workdir`.
+        self.data_dirs = data_dirs or [os.path.join(workdir, f"d{i + 1}") for i in range(n)]
         self.procs = [None] * n
         for i in range(n):
             self.start(i)
@@ -67,7 +69,7 @@ class Cluster:
         log = open(os.path.join(self.workdir, f"node-{i + 1}.log"), "ab")
         self.procs[i] = subprocess.Popen(
             [BIN, "--node-id", str(i + 1), "--listen", self.addrs[i], "--peers", self.peers,
-             "--data-dir", os.path.join(self.workdir, f"d{i + 1}"), *NODE_ARGS],
+             "--data-dir", self.data_dirs[i], *NODE_ARGS],
             stdout=log, stderr=log)
 
     def kill(self, i):
