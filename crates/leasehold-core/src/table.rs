@@ -1064,7 +1064,9 @@ impl LockTable {
             let Some(holding) = lock.take_holding(id) else {
                 continue;
             };
-            self.held_keys -= usize::from(lock.holder.is_none());
+            if lock.holder.is_none() {
+                self.held_keys = self.held_keys.saturating_sub(1);
+            }
             // Every key of a set this lease held is released here too.
             if !self.sets.is_empty() {
                 self.sets.remove(&holding.fence);
@@ -1878,8 +1880,8 @@ impl LockTable {
             None => Arc::from(""),
         };
         if let Some(lock) = self.locks.get_mut(&key) {
-            if lock.take_holding(lease_id).is_some() {
-                self.held_keys -= usize::from(lock.holder.is_none());
+            if lock.take_holding(lease_id).is_some() && lock.holder.is_none() {
+                self.held_keys = self.held_keys.saturating_sub(1);
             }
         }
         events.push(Event::Released {
