@@ -17,7 +17,11 @@ pub const EXIT_LOST: i32 = 76;
 
 /// Distributed locks with fencing tokens.
 #[derive(Parser, Debug)]
-#[command(name = "leasehold", version)]
+#[command(
+    name = "leasehold",
+    version,
+    next_help_heading = "Global options (before or after the subcommand)"
+)]
 struct Cli {
     /// The lock store: http://HOST:PORT (leaseholdd; a cluster's nodes as
     /// http://HOST:PORT,HOST:PORT,...), redis://, redlock://H1,H2,H3,
@@ -34,16 +38,18 @@ struct Cli {
     /// For https:// endpoints: a client certificate (PEM), for a server
     /// started with --tls-client-ca.
     #[arg(
-        long = "cert",
+        long,
         global = true,
+        alias = "cert",
         env = "LEASEHOLD_CLIENT_CERT",
         requires = "client_key"
     )]
     client_cert: Option<std::path::PathBuf>,
-    /// The private key of --cert (PEM).
+    /// The private key of --client-cert (PEM).
     #[arg(
-        long = "key",
+        long,
         global = true,
+        alias = "key",
         env = "LEASEHOLD_CLIENT_KEY",
         requires = "client_cert"
     )]
@@ -204,7 +210,6 @@ enum Command {
         #[command(subcommand)]
         action: AuthAction,
     },
-    /// Print lock events as they happen.
     /// Who leads the election NAME (see `elect`): its value and token, or
     /// "(none)"; with --watch, every change as it happens.
     Leader {
@@ -217,6 +222,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print lock events as they happen.
     Watch {
         /// Only keys with this prefix.
         #[arg(default_value = "")]

@@ -14,6 +14,17 @@ use leasehold::Client;
 
 use crate::{AuthAction, Cli, ClusterAction, Command, Demo, RoleAction, TokenAction};
 
+/// A duration for people: `850ms`, `4.2s`, `9m58s`, `2h05m`.
+pub fn human_ms(ms: u64) -> String {
+    let s = ms / 1000;
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1_000..=59_999 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..=3_599_999 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 /// Runs a subcommand; returns the process exit code.
 pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     let tls = cli.tls();
@@ -168,5 +179,19 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         },
         // Reads the state file only; connects to nothing.
         Command::Check { state } => check::check(state),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_ms;
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(human_ms(850), "850ms");
+        assert_eq!(human_ms(4_240), "4.2s");
+        assert_eq!(human_ms(597_800), "9m57s");
+        assert_eq!(human_ms(60_000), "1m00s");
+        assert_eq!(human_ms(7_500_000), "2h05m");
     }
 }

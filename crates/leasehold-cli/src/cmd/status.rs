@@ -30,6 +30,10 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
         println!("{}", serde_json::Value::Array(rows));
         return Ok(0);
     }
+    if locks.is_empty() {
+        println!("no locks held");
+        return Ok(0);
+    }
     let key_width = locks.iter().map(|l| l.key.len()).max().unwrap_or(0).max(3);
     let holder_width = locks
         .iter()
@@ -44,7 +48,7 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
     for l in &locks {
         let fence = l.fence.map_or_else(|| "-".to_string(), |f| f.to_string());
         let ttl = if l.fence.is_some() {
-            format!("{:.1}s", l.ttl_left_ms as f64 / 1000.0)
+            super::human_ms(l.ttl_left_ms)
         } else {
             "-".to_string()
         };
