@@ -236,20 +236,44 @@ const RESERVED_FDS: u64 = 64;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
+/// A mistake in the flags, the config file or the files they name: one
+/// line and exit code 2, as for a flag clap refuses.
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> std::process::ExitCode {
+    use std::io::IsTerminal;
+    // openraft's own WARN lines are for its developers (a vote that changed
+    // under a message, say): what an operator must act on, leaseholdd logs
+    // itself.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=warn".into()),
+                .unwrap_or_else(|_| "info,openraft=error".into()),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let args = parse_args()?;
+    let fail = |code: u8, e: anyhow::Error| {
+        // `{:#}`, never `{:?}`: the causes on one line, and no backtrace
+        // even with RUST_BACKTRACE set.
+        eprintln!("leaseholdd: {e:#}");
+        std::process::ExitCode::from(code)
+    };
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => return fail(EXIT_CONFIG, e),
+    };
     if args.print_config {
         print!("{}", effective_config(&args));
-        return Ok(());
+        return std::process::ExitCode::SUCCESS;
     }
     let fd_limit = leasehold_server::conn::raise_fd_limit();
-    let runtime = match args.threads {
+    let (listen, config) = match settings(args, fd_limit) {
+        Ok(s) => s,
+        Err(e) => return fail(EXIT_CONFIG, e),
+    };
+    let threads = config.1;
+    let runtime = match threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
             let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -258,9 +282,15 @@ fn main() -> anyhow::Result<()> {
         }
     }
     .enable_all()
-    .build()
-    .context("start the async runtime")?;
-    runtime.block_on(serve(args, fd_limit))
+    .build();
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => return fail(1, anyhow::Error::new(e).context("start the async runtime")),
+    };
+    match runtime.block_on(serve(listen, config.0)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => fail(1, e),
+    }
 }
 
 fn tls_files(args: &Args) -> TlsFiles {
@@ -283,7 +313,9 @@ fn exposed(args: &Args, files: &TlsFiles) -> Option<&'static str> {
         return Some("without TLS (--tls-cert, --tls-key)");
     }
     if files.client_ca.is_none() && !args.require_auth {
-        return Some("without client certificates (--tls-client-ca) or access tokens (--require-auth), so anyone who reaches it");
+        return Some(
+            "without client certificates (--tls-client-ca) or access tokens (--require-auth)",
+        );
     }
     if args.peers.is_some() && !files.for_peers() {
         return Some("without peer certificates (--peer-tls-cert, --peer-tls-key, --peer-tls-ca)");
@@ -291,11 +323,14 @@ fn exposed(args: &Args, files: &TlsFiles) -> Option<&'static str> {
     None
 }
 
-async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
+/// Checks the flags and loads the files they name: the listen address, the
+/// server's configuration and the runtime's thread count. Every error here
+/// is the operator's to fix.
+fn settings(args: Args, fd_limit: Option<u64>) -> anyhow::Result<(SocketAddr, (Config, u16))> {
     let files = tls_files(&args);
     if let Some(why) = exposed(&args, &files) {
         anyhow::bail!(
-            "refusing to listen on {} {why} could take, release or revoke any lock; pass --insecure to serve it anyway",
+            "refusing to listen on {}, which is not loopback, {why}: whoever reaches the port could take, release or revoke any lock; add them, or pass --insecure on a network you trust",
             args.listen
         );
     }
@@ -337,9 +372,6 @@ async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
         open_files_limit = fd_limit,
         "connection limits"
     );
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("bind listener on {}", args.listen))?;
     let config = Config {
         data_dir: args.data_dir,
         raft: RaftOptions {
@@ -357,7 +389,14 @@ async fn serve(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
         tls: tls.clone(),
         require_auth: args.require_auth,
     };
-    if let Some(tls) = tls {
+    Ok((args.listen, (config, args.threads)))
+}
+
+async fn serve(listen: SocketAddr, config: Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("bind listener on {listen}"))?;
+    if let Some(tls) = config.tls.clone() {
         tokio::spawn(reload_on_hangup(tls));
     }
     server::run(config, listener, shutdown_signal()).await

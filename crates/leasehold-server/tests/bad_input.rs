@@ -538,7 +538,8 @@ async fn frames_reject_bad_input_with_typed_errors() {
 }
 
 /// Without TLS and client certificates, serving beyond loopback needs
-/// --insecure; the refusal is one line, before anything binds.
+/// --insecure; the refusal is one line and exit code 2, before anything
+/// binds, with no backtrace even where RUST_BACKTRACE asks for one.
 #[test]
 fn a_non_loopback_listen_address_needs_insecure() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -546,12 +547,19 @@ fn a_non_loopback_listen_address_needs_insecure() {
         .args(["--listen", "0.0.0.0:1", "--data-dir"])
         .arg(dir.path().join("data"))
         .env_remove("LEASEHOLD_INSECURE")
+        .env("RUST_BACKTRACE", "1")
         .output()
         .expect("run leaseholdd");
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "one line, no backtrace: {stderr}"
+    );
     assert!(
-        stderr.contains("refusing to listen on 0.0.0.0:1") && stderr.contains("--insecure"),
+        stderr.contains("refusing to listen on 0.0.0.0:1, which is not loopback, without TLS (--tls-cert, --tls-key): whoever reaches the port")
+            && stderr.contains("--insecure"),
         "{stderr}"
     );
     assert!(

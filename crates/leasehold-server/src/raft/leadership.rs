@@ -118,7 +118,7 @@ impl Consensus {
                 last_leader = leader;
             }
             if last_state != Some(state) {
-                if last_state == Some(ServerState::Leader) {
+                if last_state == Some(ServerState::Leader) && state != ServerState::Shutdown {
                     tracing::info!(
                         term,
                         ?leader,
