@@ -151,6 +151,17 @@ fn the_dashboard_is_served_from_the_binary() {
     assert!(http_get(&server.addr, "/ui/app.css").is_some());
     // Nothing on the page comes from elsewhere.
     assert!(!page.contains("http://") && !page.contains("https://"));
+    // A browser pointed at the bare address lands on the dashboard.
+    let mut s = std::net::TcpStream::connect(&server.addr).expect("connect");
+    use std::io::{Read, Write};
+    write!(s, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    assert!(answer.starts_with("HTTP/1.1 303"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("location: /ui\r\n"),
+        "{answer}"
+    );
 }
 
 #[tokio::test]

@@ -29,9 +29,10 @@ fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
     )
 }
 
-/// The dashboard's routes.
+/// The dashboard's routes; `/` sends a browser to it.
 pub fn routes() -> Router<LockService> {
     Router::new()
+        .route("/", get(|| async { axum::response::Redirect::to("/ui") }))
         .route(
             "/ui",
             get(|| async { asset("text/html; charset=utf-8", PAGE) }),
