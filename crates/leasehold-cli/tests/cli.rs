@@ -674,19 +674,44 @@ fn cluster_status_add_and_remove() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 
+    // A node that is not running is refused, and says so.
+    let nobody = format!("127.0.0.1:{}", leasehold_testkit::free_port());
+    let out = cli(&["cluster", "add", "5", &nobody]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        format!("leasehold: node 5 at {nobody} did not answer within 10 s; it was not added")
+    );
+
     let new = c.start_new_node(4);
     let addr = c.nodes[new].addr.clone();
     let out = cli(&["cluster", "add", "4", &addr]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let out = cli(&["cluster", "status"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        text.lines()
-            .filter(|l| l.contains(" voter ") || l.contains(" leader "))
-            .count(),
-        4,
-        "{text}"
-    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" voter ") || l.contains(" leader "))
+        .collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    // The columns line up under the header, whatever the ids' widths.
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("ID"))
+        .expect("a header");
+    let column = |line: &str, word: &str| line.find(word);
+    let reach = column(header, "REACHABLE").expect("a REACHABLE column");
+    let role = column(header, "ROLE").unwrap();
+    for row in &rows {
+        assert!(
+            row[role..].starts_with("voter") || row[role..].starts_with("leader"),
+            "{text}"
+        );
+        assert!(
+            row[reach..].starts_with("yes") || row[reach..].starts_with("-"),
+            "{text}"
+        );
+    }
 
     let out = cli(&["cluster", "remove", "9"]);
     assert_eq!(out.status.code(), Some(1));
@@ -849,4 +874,89 @@ fn auth_commands_turn_it_on_scope_tokens_and_revoke_them() {
         .output()
         .expect("run");
     assert!(!denied.status.success());
+}
+
+/// The TLS mistakes a user makes each get a line that names the cause and
+/// the flag that fixes it, and none says the outcome is unknown: a
+/// connection that never got past the handshake did nothing.
+#[test]
+fn tls_mistakes_name_their_fix() {
+    use leasehold_testkit::pki::Ca;
+    let dir = tmp();
+    let ca = Ca::new(dir.path(), "ca");
+    let clients = Ca::new(dir.path(), "clients");
+    let strangers = Ca::new(dir.path(), "strangers");
+    let served = ca.issue("server", &["127.0.0.1"]);
+    let me = clients.issue("operator", &["operator"]);
+    let stranger = strangers.issue("stranger", &["stranger"]);
+    let path = |p: &std::path::Path| p.display().to_string();
+    let server = Leaseholdd::spawn_with(&[
+        "--tls-cert",
+        &path(&served.cert),
+        "--tls-key",
+        &path(&served.key),
+        "--tls-client-ca",
+        &path(&clients.cert),
+    ]);
+    let cli = |endpoint: &str, flags: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        for var in [
+            "LEASEHOLD_HOLDER",
+            "LEASEHOLD_CACERT",
+            "LEASEHOLD_CLIENT_CERT",
+            "LEASEHOLD_CLIENT_KEY",
+        ] {
+            c.env_remove(var);
+        }
+        c.env("LEASEHOLD_ENDPOINT", endpoint)
+            .args(flags)
+            .args(["run", "tls/mistake", "--", "true"])
+            .output()
+            .expect("run leasehold")
+    };
+    let https = format!("https://{}", server.addr);
+    let ca_file = path(&ca.cert);
+    let ca_flag = ["--cacert", ca_file.as_str()];
+    let (my_cert, my_key) = (path(&me.cert), path(&me.key));
+    let mut good = ca_flag.to_vec();
+    good.extend(["--client-cert", &my_cert, "--client-key", &my_key]);
+    wait_until(Duration::from_secs(20), "leaseholdd over TLS", || {
+        cli(&https, &good).status.success()
+    });
+
+    let refused = |endpoint: &str, flags: &[&str], says: &str| {
+        let out = cli(endpoint, flags);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains(says), "expected {says:?} in: {stderr}");
+        assert!(!stderr.contains("outcome unknown"), "{stderr}");
+    };
+    refused(
+        &format!("http://{}", server.addr),
+        &[],
+        "this port speaks TLS only: use https://",
+    );
+    refused(&https, &[], "pass --cacert");
+    refused(
+        &https,
+        &ca_flag,
+        "requires a client certificate: pass --client-cert",
+    );
+    let mut wrong = ca_flag.to_vec();
+    let (cert, key) = (path(&stranger.cert), path(&stranger.key));
+    wrong.extend(["--client-cert", &cert, "--client-key", &key]);
+    refused(&https, &wrong, "does not accept this client certificate");
+
+    // A plain HTTP client is told the same, as JSON.
+    let mut s = std::net::TcpStream::connect(&server.addr).expect("connect");
+    use std::io::{Read, Write};
+    write!(
+        s,
+        "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("read");
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains(r#""code":"tls_required""#), "{answer}");
 }

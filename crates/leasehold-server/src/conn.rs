@@ -13,6 +13,11 @@
 //!   `/health` keeps answering once the idle ones time out.
 //! - HTTP/2 connections are pinged, so a waiter whose machine vanished is
 //!   found out and its wait withdrawn.
+//! - On a port that speaks TLS only, a plaintext connection is answered in
+//!   its own protocol with `tls_required` (an HTTP 400, a gRPC status, or a
+//!   framed error with id 0) and closed, so the client can say "use
+//!   https://" and knows nothing was done. Refused connections and failed
+//!   handshakes are logged at WARN, at most once per [`REFUSALS_EVERY`].
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -31,6 +36,110 @@ use tower::ServiceExt;
 
 use crate::service::LockService;
 use crate::tls::{PeerCertificate, Tls};
+
+/// At most one log line per this long for refused connections of a kind;
+/// the line counts the ones it stands for.
+pub const REFUSALS_EVERY: Duration = Duration::from_secs(10);
+
+/// Logs refusals of one kind, at most once per [`REFUSALS_EVERY`].
+struct Refusals {
+    /// Since the process started, in milliseconds, when the last line went out.
+    last_ms: AtomicU64,
+    /// Refusals since then.
+    unlogged: AtomicU64,
+}
+
+impl Refusals {
+    const fn new() -> Refusals {
+        Refusals {
+            last_ms: AtomicU64::new(0),
+            unlogged: AtomicU64::new(0),
+        }
+    }
+
+    fn note(&self, from: Option<std::net::SocketAddr>, what: &str, why: &str) {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let now = u64::try_from(START.get_or_init(Instant::now).elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let every = REFUSALS_EVERY.as_millis() as u64;
+        let due = last == 0 || now.saturating_sub(last) >= every;
+        if !due
+            || self
+                .last_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let more = self.unlogged.swap(0, Ordering::Relaxed);
+        let from = from.map_or("?".to_string(), |a| a.to_string());
+        if more > 0 {
+            tracing::warn!(%from, "{what}: {why} (and {more} more since the last such line)");
+        } else {
+            tracing::warn!(%from, "{what}: {why}");
+        }
+    }
+}
+
+static PLAINTEXT: Refusals = Refusals::new();
+static HANDSHAKES: Refusals = Refusals::new();
+
+/// The answer to a plaintext connection on a port that speaks TLS only.
+fn tls_required() -> crate::service::ApiError {
+    crate::service::ApiError::TlsRequired(
+        "this port speaks TLS only: use https:// (with --cacert if its CA is not the system's)"
+            .into(),
+    )
+}
+
+/// Answers a plaintext framed client with one error frame (id 0: for the
+/// connection, not a call) and closes; reads what the client sent first,
+/// so closing does not reset the connection before the client reads it.
+async fn refuse_frames(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let mut out = bytes::BytesMut::new();
+    let frame = leasehold_proto::frame::Frame::new(
+        0,
+        leasehold_proto::frame::REPLY_ERROR,
+        &leasehold_proto::v1::ErrorReply::from(tls_required()),
+    );
+    if tokio_util::codec::Encoder::encode(
+        &mut leasehold_proto::frame::FrameCodec::replies(),
+        frame,
+        &mut out,
+    )
+    .is_err()
+    {
+        return;
+    }
+    let _ = stream.write_all(&out).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(stream.read(&mut sink).await, Ok(1..)) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
+/// Answers every request of a plaintext HTTP or gRPC client with
+/// `tls_required`.
+fn plaintext_refusal() -> axum::Router {
+    axum::Router::new().fallback(|request: axum::extract::Request| async move {
+        use axum::response::IntoResponse;
+        let grpc = request
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        if grpc {
+            return tonic::Status::from(tls_required())
+                .into_http()
+                .map(axum::body::Body::new);
+        }
+        tls_required().into_response()
+    })
+}
 
 /// Connection limits.
 #[derive(Debug, Clone)]
@@ -229,10 +338,30 @@ pub async fn serve(
         _ = crate::server::stopped(&mut stop) => return,
     }
     let must_tls = tls.as_ref().is_some_and(|t| t.clients_need_tls());
+    let from = stream.peer_addr().ok();
     let Some(tls) = tls.filter(|_| first[0] == crate::tls::HANDSHAKE) else {
         if must_tls {
-            tracing::debug!("closing a plaintext connection: this port speaks TLS");
-            return;
+            PLAINTEXT.note(
+                from,
+                "refused a plaintext connection",
+                "this port speaks TLS only (the client should use https://)",
+            );
+            if first[0] == leasehold_proto::frame::PREAMBLE[0] {
+                return refuse_frames(stream).await;
+            }
+            let limits = Limits {
+                idle_timeout: limits.header_timeout,
+                ..limits
+            };
+            return serve_http(
+                TokioIo::new(stream),
+                None,
+                local,
+                plaintext_refusal(),
+                limits,
+                stop,
+            )
+            .await;
         }
         if first[0] == leasehold_proto::frame::PREAMBLE[0] {
             let (read, write) = stream.into_split();
@@ -241,7 +370,13 @@ pub async fn serve(
         return serve_http(TokioIo::new(stream), None, local, app, limits, stop).await;
     };
     let opened = async {
-        let (mut stream, peer) = tls.accept(stream, limits.header_timeout).await?;
+        let (mut stream, peer) = match tls.accept(stream, limits.header_timeout).await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                HANDSHAKES.note(from, "refused a TLS handshake", &format!("{e:#}"));
+                return Err(e);
+            }
+        };
         let mut first = [0u8; 1];
         tokio::time::timeout(limits.header_timeout, stream.read_exact(&mut first)).await??;
         anyhow::Ok((Prefixed::new(first[0], stream), peer))

@@ -88,12 +88,27 @@ pub async fn run(
         .tls
         .as_ref()
         .is_some_and(|t| t.peers_need_certificates());
-    let app = crate::api::router(service.clone(), peer_certificates);
+    let scheme = if config.tls.as_ref().is_some_and(|t| t.clients_need_tls()) {
+        "https"
+    } else {
+        "http"
+    };
+    let app = crate::api::router(service.clone(), peer_certificates, scheme);
+    let peers = if config.cluster.is_some()
+        && config
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.peers_need_certificates())
+    {
+        " and peers"
+    } else {
+        ""
+    };
     let tls = match &config.tls {
-        None => "none",
-        Some(t) if !t.clients_need_tls() => "peers",
-        Some(t) if t.clients_need_certificates() => "clients (with certificates) and peers",
-        Some(_) => "clients",
+        None => "none".to_string(),
+        Some(t) if !t.clients_need_tls() => "peers".to_string(),
+        Some(t) if t.clients_need_certificates() => format!("clients (with certificates){peers}"),
+        Some(_) => format!("clients{peers}"),
     };
     tracing::info!(%addr, data_dir = %config.data_dir.display(), tls, "serving gRPC, HTTP and frames");
     let (signal_tx, signal_rx) = watch::channel(false);

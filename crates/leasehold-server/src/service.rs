@@ -60,6 +60,12 @@ pub enum ApiError {
     /// The route exists but not with this method (HTTP).
     #[error("method not allowed: {0}")]
     MethodNotAllowed(String),
+    /// A node to add did not answer or catch up; it is not a member.
+    #[error("{0}")]
+    NotAdded(String),
+    /// Plaintext on a port that speaks TLS only; nothing was done.
+    #[error("{0}")]
+    TlsRequired(String),
     /// The server failed in a way the caller cannot fix.
     #[error("internal error: {0}")]
     Internal(String),
@@ -83,6 +89,8 @@ impl ApiError {
             ApiError::Consensus(_) => "unavailable",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::NotAdded(_) => "not_added",
+            ApiError::TlsRequired(_) => "tls_required",
             ApiError::Internal(_) => "internal",
         }
     }

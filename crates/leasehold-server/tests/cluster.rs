@@ -48,6 +48,35 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
             assert_eq!(s, 503, "{e}");
             assert_eq!(e["error"]["code"], "not_leader");
             assert_eq!(e["error"]["leader"], json!(c.nodes[leader].addr));
+            assert_eq!(
+                e["error"]["leader_url"],
+                json!(format!("http://{}", c.nodes[leader].addr))
+            );
+            // A client that asks is sent to the leader, path and query kept,
+            // and following it does the call there.
+            let direct = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap();
+            let r = direct
+                .get(format!("http://{}/v1/locks?prefix=k", n.addr))
+                .header("Leasehold-Follow-Leader", "1")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 307);
+            assert_eq!(
+                r.headers()["location"],
+                format!("http://{}/v1/locks?prefix=k", c.nodes[leader].addr).as_str()
+            );
+            let r = reqwest::Client::new()
+                .post(format!("http://{}/v1/acquire", n.addr))
+                .header("Leasehold-Follow-Leader", "1")
+                .json(&json!({"key": format!("followed-{i}"), "ttl_ms": 5_000}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
         }
     }
     let (s, status) = get(&c.nodes[leader].addr, "/v1/cluster").await;
@@ -291,6 +320,174 @@ async fn members_are_added_and_removed_and_quorum_is_kept() {
             .contains("quorum"),
         "{body}"
     );
+}
+
+/// `cluster add` of a node that never answers, or answers nobody but its
+/// clients (cut off from the leader by a proxy), fails within the answer
+/// time, names the node and leaves the voters as they were: the group still
+/// survives a killed follower. Once the cut heals, the same add succeeds
+/// and the leader reports every member reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_does_not_answer_is_not_added() {
+    let _serial = common::serial().await;
+    let mut c = Cluster::start(3);
+    let leader = c.wait_leader();
+    let addr = c.nodes[leader].addr.clone();
+    let voters = |status: &Value| {
+        status["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+
+    // Nothing listens there.
+    let nobody = format!("127.0.0.1:{}", leasehold_testkit::free_port());
+    let started = std::time::Instant::now();
+    let (s, r) = common::post(
+        &addr,
+        "/v1/cluster/members",
+        json!({"id": 4, "addr": nobody}),
+    )
+    .await;
+    assert_eq!(s, 409, "{r}");
+    assert_eq!(r["error"]["code"], "not_added", "{r}");
+    assert_eq!(
+        r["error"]["message"],
+        format!("node 4 at {nobody} did not answer within 10 s; it was not added"),
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let (_, status) = get(&addr, "/v1/cluster").await;
+    assert_eq!(voters(&status), vec![1, 2, 3], "{status}");
+
+    // Started, but the leader cannot reach it.
+    let new = c.start_new_node(4);
+    let proxy = leasehold_testkit::FaultProxy::start(&c.nodes[new].addr);
+    proxy.block_from([127, 0, 0, 1].into());
+    let (s, r) = common::post(
+        &addr,
+        "/v1/cluster/members",
+        json!({"id": 4, "addr": proxy.addr}),
+    )
+    .await;
+    assert_eq!(s, 409, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("did not answer within 10 s; it was not added"),
+        "{r}"
+    );
+    let (_, status) = get(&addr, "/v1/cluster").await;
+    assert_eq!(voters(&status), vec![1, 2, 3], "{status}");
+
+    // Still three voters: one follower down leaves a quorum.
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    c.kill(follower);
+    let (s, r) = common::post(&addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 5_000})).await;
+    assert_eq!(s, 200, "{r}");
+    let (_, status) = get(&addr, "/v1/cluster").await;
+    let dead = c.nodes[follower].id;
+    wait_until(
+        Duration::from_secs(10),
+        "the dead member unreachable",
+        || {
+            let status = health_cluster(&addr);
+            status["members"].as_array().is_some_and(|ms| {
+                ms.iter()
+                    .any(|m| m["id"] == dead && m["reachable"] == false)
+            })
+        },
+    );
+    assert_eq!(status["quorum"], true, "{status}");
+    c.restart(follower);
+
+    // Healed, the same add goes through.
+    proxy.allow_all();
+    let (s, r) = common::post(
+        &addr,
+        "/v1/cluster/members",
+        json!({"id": 4, "addr": proxy.addr}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(voters(&r), vec![1, 2, 3, 4], "{r}");
+    wait_until(Duration::from_secs(20), "every member reachable", || {
+        let status = health_cluster(&addr);
+        status["members"]
+            .as_array()
+            .is_some_and(|ms| ms.len() == 4 && ms.iter().all(|m| m["reachable"] == true))
+    });
+}
+
+/// A member removed while it runs learns it from its peers: `/health`
+/// says `removed` with a 503, it stops campaigning (its term stops
+/// rising, and the leader keeps its own), and it is a member again once
+/// it is added back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_member_says_so_and_stops_campaigning() {
+    let _serial = common::serial().await;
+    let c = Cluster::start(3);
+    let leader = c.wait_leader();
+    let addr = c.nodes[leader].addr.clone();
+    let gone = (0..3).find(|&i| i != leader).unwrap();
+    let (gone_id, gone_addr) = (c.nodes[gone].id, c.nodes[gone].addr.clone());
+    let r = reqwest::Client::new()
+        .delete(format!("http://{addr}/v1/cluster/members/{gone_id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+
+    let health_of = |a: String| async move {
+        let r = reqwest::get(format!("http://{a}/health")).await.unwrap();
+        let code = r.status().as_u16();
+        (code, r.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    let started = std::time::Instant::now();
+    let removed = loop {
+        let (code, h) = health_of(gone_addr.clone()).await;
+        if h["status"] == "removed" {
+            assert_eq!(code, 503, "{h}");
+            break h;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never said removed: {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        c.nodes[gone]
+            .output()
+            .contains("this node was removed from the cluster"),
+        "{}",
+        c.nodes[gone].output()
+    );
+    let leader_term = health(&addr)["term"].clone();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, now) = health_of(gone_addr.clone()).await;
+    assert_eq!(now["term"], removed["term"], "it campaigned on: {now}");
+    assert_eq!(health(&addr)["term"], leader_term);
+
+    // Added back, it is a member again.
+    let (s, r) = common::post(
+        &addr,
+        "/v1/cluster/members",
+        json!({"id": gone_id, "addr": gone_addr}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    wait_until(Duration::from_secs(20), "the member healthy again", || {
+        health(&gone_addr)["status"] == "ok"
+    });
+}
+
+fn health_cluster(addr: &str) -> Value {
+    http_get(addr, "/v1/cluster")
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or(Value::Null)
 }
 
 /// Five nodes survive two kills, the leader among them: a new leader

@@ -68,6 +68,30 @@ impl TlsOptions {
     }
 }
 
+/// What to do about a TLS failure, from its text (rustls names the cause:
+/// the alert a server sent, or why this client refused the server's
+/// certificate); `None` if it is not one.
+pub(crate) fn advice(error: &str) -> Option<&'static str> {
+    let has = |s: &str| error.contains(s);
+    Some(if has("CertificateRequired") {
+        "the server requires a client certificate: pass --client-cert and --client-key (LEASEHOLD_CLIENT_CERT, LEASEHOLD_CLIENT_KEY)"
+    } else if has("UnknownIssuer") || has("BadSignature") {
+        "the server's certificate is not signed by a CA this client trusts: pass --cacert with the CA that signed it (LEASEHOLD_CACERT)"
+    } else if has("NotValidForName") {
+        "the server's certificate does not name the host in the endpoint: connect by a name or address the certificate holds"
+    } else if has("Expired") || has("NotValidYet") {
+        "a certificate is outside its validity period: renew it (leaseholdd reloads its own on SIGHUP)"
+    } else if has("UnknownCA") || has("BadCertificate") || has("DecryptError") {
+        "the server does not accept this client certificate: use one signed by the CA of the server's --tls-client-ca"
+    } else if has("InvalidContentType") || has("CorruptMessage") || has("corrupt message") {
+        "the server does not speak TLS on this port: use http://"
+    } else if has("tls handshake eof") || has("HandshakeFailure") {
+        "the TLS handshake failed: check --cacert, --client-cert and --client-key against the server's TLS flags"
+    } else {
+        return None;
+    })
+}
+
 /// The options, loaded: what both protocols need.
 #[derive(Clone)]
 pub(crate) struct ClientTls {

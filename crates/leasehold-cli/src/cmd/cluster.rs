@@ -153,35 +153,86 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<i32> {
         println!("{view}");
         return Ok(0);
     }
+    let num = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
+    let quorum = match view["quorum"].as_bool() {
+        Some(false) => " · NO QUORUM: a majority of the voters does not answer",
+        _ => "",
+    };
     println!(
-        "leader {} at {} · term {} · last log index {} · committed {}",
-        view["leader"],
+        "leader {} at {} · term {} · last log index {} · committed {}{quorum}",
+        num(&view["leader"]),
         view["leader_addr"].as_str().unwrap_or("-"),
-        view["term"],
-        view["last_log_index"],
-        view["commit_index"]
+        num(&view["term"]),
+        num(&view["last_log_index"]),
+        num(&view["commit_index"])
     );
-    println!(
-        "{:<6} {:<24} {:<8} {:>12} {:>8}",
-        "ID", "ADDRESS", "ROLE", "MATCHED", "LAG"
-    );
-    for m in view["members"].as_array().into_iter().flatten() {
-        let role = if m["id"] == view["leader"] {
-            "leader"
-        } else if m["voter"] == true {
-            "voter"
-        } else {
-            "learner"
-        };
-        let show = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
+    let rows: Vec<[String; 7]> = view["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let role = if m["id"] == view["leader"] {
+                "leader"
+            } else if m["voter"] == true {
+                "voter"
+            } else {
+                "learner"
+            };
+            let reachable = match m["reachable"].as_bool() {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
+            };
+            let heard = match m["last_heard_ms"].as_u64() {
+                _ if m["id"] == view["leader"] => "-".to_string(),
+                Some(ms) => format!("{} ago", crate::cmd::human_ms(ms)),
+                None if m["reachable"] == false => "never".to_string(),
+                None => "-".to_string(),
+            };
+            [
+                num(&m["id"]),
+                m["addr"].as_str().unwrap_or("").to_string(),
+                role.to_string(),
+                reachable.to_string(),
+                heard,
+                num(&m["matched_index"]),
+                num(&m["lag"]),
+            ]
+        })
+        .collect();
+    let header = [
+        "ID",
+        "ADDRESS",
+        "ROLE",
+        "REACHABLE",
+        "LAST HEARD",
+        "MATCHED",
+        "LAG",
+    ];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [&str; 7]| {
+        let [id, addr, role, reach, heard, matched, lag] = cells;
         println!(
-            "{:<6} {:<24} {:<8} {:>12} {:>8}",
-            m["id"],
-            m["addr"].as_str().unwrap_or(""),
-            role,
-            show(&m["matched_index"]),
-            show(&m["lag"])
+            "{id:<w0$}  {addr:<w1$}  {role:<w2$}  {reach:<w3$}  {heard:<w4$}  {matched:>w5$}  {lag:>w6$}",
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3],
+            w4 = widths[4],
+            w5 = widths[5],
+            w6 = widths[6],
         );
+    };
+    line(header);
+    for row in &rows {
+        line([
+            &row[0], &row[1], &row[2], &row[3], &row[4], &row[5], &row[6],
+        ]);
     }
     Ok(0)
 }

@@ -16,13 +16,17 @@
 //! | `outcome_unknown`  | `UNAVAILABLE`         | 503  |
 //! | `not_found`        | `UNIMPLEMENTED`       | 404  |
 //! | `method_not_allowed` | `UNIMPLEMENTED`     | 405  |
+//! | `not_added`        | `FAILED_PRECONDITION` | 409  |
+//! | `tls_required`     | `UNAVAILABLE`         | 400  |
 //! | `internal`         | `INTERNAL`            | 500  |
 //!
 //! gRPC statuses carry the code in the `leasehold-code` metadata entry, plus
 //! `leasehold-holder`, `leasehold-lease` and `leasehold-fence` for `held`,
 //! `leasehold-current-fence` for `stale_fence`, `leasehold-leader` for
 //! `not_leader`, and `leasehold-key` and `leasehold-needed` (or
-//! `leasehold-lease`) for `permission_denied`. HTTP bodies are `{"error": {"code", "message", ...}}`. The
+//! `leasehold-lease`) for `permission_denied`. HTTP bodies are `{"error": {"code", "message", ...}}`,
+//! and a `not_leader` body names the leader both as `leader` (`host:port`)
+//! and as `leader_url` (`http://host:port`, or `https://`). The
 //! framed protocol sends an `ErrorReply` with the code, the message and the
 //! same details by their names without the `leasehold-` prefix.
 
@@ -48,6 +52,8 @@ fn grpc_code(e: &ApiError) -> tonic::Code {
         ApiError::Lock(_) => tonic::Code::FailedPrecondition,
         ApiError::Consensus(_) => tonic::Code::Unavailable,
         ApiError::NotFound(_) | ApiError::MethodNotAllowed(_) => tonic::Code::Unimplemented,
+        ApiError::NotAdded(_) => tonic::Code::FailedPrecondition,
+        ApiError::TlsRequired(_) => tonic::Code::Unavailable,
         ApiError::Internal(_) => tonic::Code::Internal,
     }
 }
@@ -66,6 +72,8 @@ fn http_status(e: &ApiError) -> StatusCode {
         ApiError::Consensus(_) => StatusCode::SERVICE_UNAVAILABLE,
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,
         ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+        ApiError::NotAdded(_) => StatusCode::CONFLICT,
+        ApiError::TlsRequired(_) => StatusCode::BAD_REQUEST,
         ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -137,8 +145,26 @@ impl From<ApiError> for tonic::Status {
     }
 }
 
+tokio::task_local! {
+    /// `http` or `https`: how clients reach the nodes, for a `leader_url`.
+    /// Set around each HTTP request (`http::router`); `http` outside one.
+    pub static SCHEME: &'static str;
+}
+
+/// On an HTTP response: the leader's URL a follower named, for a client
+/// that asked to be redirected there (`http::router`).
+#[derive(Debug, Clone)]
+pub struct LeaderUrl(pub String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let leader_url = match &self {
+            ApiError::Consensus(ConsensusError::NotLeader { leader: Some(l) }) => {
+                let scheme = SCHEME.try_with(|s| *s).unwrap_or("http");
+                Some(format!("{scheme}://{l}"))
+            }
+            _ => None,
+        };
         let mut body = serde_json::Map::new();
         body.insert("code".into(), json!(self.code()));
         body.insert("message".into(), json!(self.to_string()));
@@ -152,6 +178,14 @@ impl IntoResponse for ApiError {
             };
             body.insert(name, v);
         }
-        (http_status(&self), axum::Json(json!({ "error": body }))).into_response()
+        if let Some(url) = &leader_url {
+            body.insert("leader_url".into(), json!(url));
+        }
+        let mut response =
+            (http_status(&self), axum::Json(json!({ "error": body }))).into_response();
+        if let Some(url) = leader_url {
+            response.extensions_mut().insert(LeaderUrl(url));
+        }
+        response
     }
 }

@@ -78,8 +78,11 @@ fn cluster_status(c: ClusterStatus) -> pb::ClusterStatusResponse {
                 voter: m.voter,
                 matched_index: m.matched_index,
                 lag: m.lag,
+                last_heard_ms: m.last_heard_ms,
+                reachable: m.reachable,
             })
             .collect(),
+        quorum: c.quorum,
     }
 }
 

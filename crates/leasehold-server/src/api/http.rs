@@ -153,8 +153,45 @@ async fn method_not_allowed(request: Request) -> Response {
     .into_response()
 }
 
-/// The HTTP routes over `service`.
-pub fn router(service: LockService) -> Router {
+/// The request header with which a client asks a follower for a `307
+/// Temporary Redirect` to the leader instead of a `503 not_leader`.
+pub const FOLLOW_LEADER: &str = "leasehold-follow-leader";
+
+/// Runs a request with `scheme` known to its errors (a follower's
+/// `leader_url`), and answers a `not_leader` with a redirect to the same
+/// path at the leader when the request asked for one ([`FOLLOW_LEADER`]).
+/// A follower proposes nothing before it refuses, so resending the same
+/// request to the leader is as safe as sending it there first.
+async fn at_leader(
+    State(scheme): State<&'static str>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let follow = request
+        .headers()
+        .get(FOLLOW_LEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.as_str().to_string());
+    let mut response = super::error::SCHEME.scope(scheme, next.run(request)).await;
+    if follow {
+        if let Some(super::error::LeaderUrl(url)) = response.extensions().get().cloned() {
+            if let Ok(location) = axum::http::HeaderValue::try_from(format!("{url}{path}")) {
+                *response.status_mut() = axum::http::StatusCode::TEMPORARY_REDIRECT;
+                response
+                    .headers_mut()
+                    .insert(axum::http::header::LOCATION, location);
+            }
+        }
+    }
+    response
+}
+
+/// The HTTP routes over `service`; `scheme` is how clients reach the nodes.
+pub fn router(service: LockService, scheme: &'static str) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -185,6 +222,7 @@ pub fn router(service: LockService) -> Router {
         .merge(super::ui::routes())
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
+        .layer(axum::middleware::from_fn_with_state(scheme, at_leader))
 }
 
 fn lease_id(raw: &str) -> Result<u64> {
@@ -192,11 +230,18 @@ fn lease_id(raw: &str) -> Result<u64> {
         .map_err(|_| ApiError::invalid("lease", format!("{raw:?} is not a lease id")))
 }
 
-async fn health(State(s): State<LockService>) -> Json<Value> {
+/// `status` is `ok`, or `removed` (with a 503) on a node that learned it is
+/// no longer a member of its group: stop it and delete its data dir.
+async fn health(State(s): State<LockService>) -> (axum::http::StatusCode, Json<Value>) {
     let c = s.consensus();
     let cluster = c.cluster_status();
-    Json(json!({
-        "status": "ok",
+    let (code, status) = if c.removed() {
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, "removed")
+    } else {
+        (axum::http::StatusCode::OK, "ok")
+    };
+    let body = Json(json!({
+        "status": status,
         "id": cluster.id,
         // Leads and may serve: its clock is armed.
         "leader": c.now().is_some(),
@@ -206,7 +251,8 @@ async fn health(State(s): State<LockService>) -> Json<Value> {
         "leader_addr": cluster.leader_addr,
         "last_applied": c.last_applied(),
         "commit_index": cluster.commit_index,
-    }))
+    }));
+    (code, body)
 }
 
 async fn metrics(State(s): State<LockService>) -> impl IntoResponse {

@@ -16,12 +16,16 @@ use crate::service::LockService;
 /// The whole API as one router: gRPC requests (HTTP/2, `application/grpc`) go
 /// to the tonic service, everything else to the HTTP/JSON routes. With
 /// `peer_certificates`, Raft calls need a connection with a peer's
-/// certificate naming the node they come from.
-pub fn router(service: LockService, peer_certificates: bool) -> axum::Router {
+/// certificate naming the node they come from. `scheme` is what clients
+/// reach every node with (`http` or `https`), for the leader's URL a
+/// follower names.
+pub fn router(service: LockService, peer_certificates: bool, scheme: &'static str) -> axum::Router {
     let grpc = tonic::service::Routes::new(grpc::server(service.clone()))
         .add_service(service.consensus().peer_service(peer_certificates))
         .into_axum_router();
-    http::router(service).merge(grpc).fallback(http::not_found)
+    http::router(service, scheme)
+        .merge(grpc)
+        .fallback(http::not_found)
 }
 
 /// The service for one call: acting for the token of its `authorization`

@@ -2,12 +2,18 @@
 //!
 //! A new member joins as a learner, is caught up (log entries, or a snapshot
 //! if the log it needs was purged), and only then becomes a voter, so adding
-//! a node never stalls commits on a node that has nothing yet. A change is
-//! refused if the voters it leaves could not form a quorum: each remaining
-//! voter is asked directly, and fewer than a majority answering means the
-//! group would stop.
+//! a node never stalls commits on a node that has nothing yet. A learner
+//! that does not answer within [`ANSWER_WITHIN`], or answers and does not
+//! come within [`CAUGHT_UP_LAG`] entries of the leader within
+//! [`CATCH_UP_WITHIN`], is removed again and the add fails: a voter that
+//! is not there (a typo in its address, a node not started, one cut off)
+//! would take a vote from the quorum and the group's fault tolerance with it.
+//! A change is refused if the voters it leaves could not form a quorum: each
+//! remaining voter is asked directly, and fewer than a majority answering
+//! means the group would stop.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
@@ -15,6 +21,15 @@ use serde::Serialize;
 
 use super::{Consensus, ConsensusError, NodeId};
 use crate::service::ApiError;
+
+/// How long a node being added has to answer the leader.
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+/// How long a node that answered has to catch up: a snapshot of a million
+/// held locks crosses loopback in a few seconds.
+pub const CATCH_UP_WITHIN: Duration = Duration::from_secs(60);
+/// A learner at most this many entries behind the leader's last one is
+/// caught up: one append's worth (openraft's `max_payload_entries`).
+pub const CAUGHT_UP_LAG: u64 = 64;
 
 /// One member as the node answering sees it.
 #[derive(Debug, Clone, Serialize)]
@@ -29,6 +44,11 @@ pub struct MemberStatus {
     pub matched_index: Option<u64>,
     /// How far it is behind the leader's last log index (the leader knows).
     pub lag: Option<u64>,
+    /// Milliseconds since it last answered the leader (the leader knows;
+    /// `None` there if it never has).
+    pub last_heard_ms: Option<u64>,
+    /// Whether the leader heard from it lately (the leader knows).
+    pub reachable: Option<bool>,
 }
 
 /// The group as the node answering sees it.
@@ -56,6 +76,8 @@ pub struct ClusterStatus {
     pub snapshot_index: u64,
     /// Every member, voters and learners.
     pub members: Vec<MemberStatus>,
+    /// Whether a majority of the voters is reachable (the leader knows).
+    pub quorum: Option<bool>,
 }
 
 fn role(state: ServerState) -> &'static str {
@@ -95,23 +117,35 @@ impl Consensus {
             .as_ref()
             .map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect())
             .unwrap_or_default();
+        let leads = m.state == ServerState::Leader;
         let members = membership
             .nodes()
             .map(|(id, node)| {
-                let matched_index = if *id == m.id && m.state == ServerState::Leader {
+                let me = *id == m.id;
+                let matched_index = if me && leads {
                     Some(last)
                 } else {
                     matched.get(id).copied().flatten()
                 };
+                let heard = (leads && !me).then(|| self.heard.since(*id)).flatten();
                 MemberStatus {
                     id: *id,
                     addr: node.addr.clone(),
                     voter: voters.contains(id),
                     matched_index,
                     lag: matched_index.map(|i| last.saturating_sub(i)),
+                    last_heard_ms: heard.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                    reachable: leads.then_some(me || heard.is_some_and(|d| d <= self.heard.within)),
                 }
             })
             .collect::<Vec<MemberStatus>>();
+        let quorum = leads.then(|| {
+            let up = members
+                .iter()
+                .filter(|m| m.voter && m.reachable == Some(true))
+                .count();
+            up * 2 > voters.len()
+        });
         let last_applied = m.last_applied.map_or(0, |l| l.index);
         let commit_index = if m.state == ServerState::Leader {
             quorum_index(&members).unwrap_or(last_applied)
@@ -131,6 +165,7 @@ impl Consensus {
             last_applied,
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             members,
+            quorum,
         }
     }
 
@@ -191,6 +226,8 @@ impl Consensus {
     }
 
     /// Adds node `id` at `addr`: as a learner, caught up, then as a voter.
+    /// A learner that does not answer or catch up in time is removed again,
+    /// and the voters stay as they were.
     pub async fn add_member(&self, id: NodeId, addr: String) -> Result<ClusterStatus, ApiError> {
         self.leader_only()?;
         let mut voters = self.voters();
@@ -207,9 +244,27 @@ impl Consensus {
             ));
         }
         self.raft
-            .add_learner(id, BasicNode { addr }, true)
+            .add_learner(id, BasicNode { addr: addr.clone() }, false)
             .await
             .map_err(|e| self.change_error(e))?;
+        if let Err(why) = self.catch_up(id, &addr).await {
+            let removed = self
+                .raft
+                .change_membership(
+                    openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id])),
+                    false,
+                )
+                .await;
+            let why = match removed {
+                Ok(_) => format!("{why}; it was not added"),
+                Err(e) => format!(
+                    "{why}; removing it as a learner failed too ({}): run `leasehold cluster remove {id}`",
+                    self.change_error(e)
+                ),
+            };
+            tracing::warn!(id, %addr, "{why}");
+            return Err(ApiError::NotAdded(why));
+        }
         voters.insert(id);
         self.check_quorum(&voters).await?;
         self.raft
@@ -227,6 +282,60 @@ impl Consensus {
         });
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), known).await;
         Ok(self.cluster_status())
+    }
+
+    /// Waits until learner `id` has answered the leader and come within
+    /// [`CAUGHT_UP_LAG`] entries of its last one; why not, if it does not in
+    /// time. A probe counts as an answer too, so a learner busy taking in a
+    /// large snapshot (no append answered yet) is given the time to finish.
+    async fn catch_up(&self, id: NodeId, addr: &str) -> Result<(), String> {
+        let start = tokio::time::Instant::now();
+        let progress = || {
+            let m = self.raft.metrics().borrow().clone();
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&id).copied().flatten())
+                .map(|l| l.index);
+            (matched, m.last_log_index.unwrap_or(0), m.state)
+        };
+        loop {
+            let (matched, _, state) = progress();
+            if state != ServerState::Leader {
+                return Err(format!(
+                    "this node stopped leading while node {id} caught up"
+                ));
+            }
+            if matched.is_some() || self.probe(id, addr).await.is_some() {
+                break;
+            }
+            if start.elapsed() >= ANSWER_WITHIN {
+                return Err(format!(
+                    "node {id} at {addr} did not answer within {} s",
+                    ANSWER_WITHIN.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        loop {
+            let (matched, last, state) = progress();
+            if state != ServerState::Leader {
+                return Err(format!(
+                    "this node stopped leading while node {id} caught up"
+                ));
+            }
+            if matched.is_some_and(|i| last.saturating_sub(i) <= CAUGHT_UP_LAG) {
+                return Ok(());
+            }
+            if start.elapsed() >= CATCH_UP_WITHIN {
+                let held = matched.map_or("nothing".to_string(), |i| format!("index {i}"));
+                return Err(format!(
+                    "node {id} at {addr} answered but did not catch up within {} s (it holds {held} of {last})",
+                    CATCH_UP_WITHIN.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Removes node `id` from the group.
@@ -259,6 +368,88 @@ impl Consensus {
             .map_err(|e| self.change_error(e))?;
         tracing::info!(id, "removed a member");
         Ok(self.cluster_status())
+    }
+
+    /// Whether this node learned that it was removed from the group.
+    pub fn removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Watches for this node's own removal, which openraft never tells it:
+    /// the leader stops replicating to a removed member as soon as it
+    /// appends the change, so the member keeps the membership that still
+    /// names it, hears no leader, and campaigns on. While it hears no
+    /// leader, it asks the other members for their membership; one that
+    /// has committed a newer membership without this node proves it was
+    /// removed (a committed membership never rolls back). It then stops
+    /// campaigning, logs it once and says so in `/health`. A leader that
+    /// adds it back replicates a newer membership naming it, which ends it.
+    pub(super) async fn notice_removal(self) {
+        use std::sync::atomic::Ordering;
+        // Evidence of the removal: the index of the membership that left it out.
+        let mut removed_at: Option<u64> = None;
+        let mut leaderless = 0u32;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let m = self.raft.metrics().borrow().clone();
+            if m.running_state.is_err() || m.state == ServerState::Shutdown {
+                return;
+            }
+            let own = m.membership_config.log_id().as_ref().map(|l| l.index);
+            let named = m
+                .membership_config
+                .membership()
+                .get_node(&self.id)
+                .is_some();
+            if let Some(at) = removed_at {
+                if named && own > Some(at) {
+                    removed_at = None;
+                    self.removed.store(false, Ordering::SeqCst);
+                    self.allow_campaigns();
+                    tracing::info!(id = self.id, "this node is a member again");
+                }
+                continue;
+            }
+            // Only a member can be removed: a node waiting to be added
+            // (its log empty) is named by no membership yet.
+            let leaderless_now = m.current_leader.is_none() || m.state == ServerState::Candidate;
+            leaderless = if named && leaderless_now {
+                leaderless + 1
+            } else {
+                0
+            };
+            if leaderless < 2 {
+                continue;
+            }
+            let peers: Vec<(NodeId, String)> = m
+                .membership_config
+                .membership()
+                .nodes()
+                .filter(|(id, _)| **id != self.id)
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect();
+            for (peer, addr) in peers {
+                let Some(theirs) = self.membership_of(peer, &addr).await else {
+                    continue;
+                };
+                if theirs.committed && theirs.index > own && !theirs.members.contains(&self.id) {
+                    let at = theirs.index.unwrap_or(0);
+                    removed_at = Some(at);
+                    self.removed.store(true, Ordering::SeqCst);
+                    self.raft.runtime_config().elect(false);
+                    tracing::warn!(
+                        id = self.id,
+                        peer,
+                        members = ?theirs.members,
+                        index = at,
+                        "this node was removed from the cluster (node {peer} committed a membership without it): it no longer campaigns; stop it and delete its data dir, or add it back with `leasehold cluster add`"
+                    );
+                    break;
+                }
+            }
+        }
     }
 
     fn change_error(&self, e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {

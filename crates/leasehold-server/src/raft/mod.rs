@@ -105,6 +105,11 @@ pub struct Consensus {
     proposals: mpsc::Sender<batch::Proposal>,
     /// Carries this node's calls to its peers (probes; openraft holds its own handle).
     transport: Arc<dyn peer::Transport>,
+    /// When each peer last answered this node.
+    heard: Arc<peer::Heard>,
+    /// Set once a peer's committed membership shows this node was removed
+    /// (see `cluster::notice_removal`); it then no longer campaigns.
+    removed: Arc<std::sync::atomic::AtomicBool>,
     id: NodeId,
 }
 

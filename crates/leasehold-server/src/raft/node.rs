@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use super::batch::MAX_BATCH;
 use super::leadership::{system_clock, Clock};
 use super::log_store::LogStore;
-use super::peer::{Campaigns, GrpcTransport, PeerNetwork, Transport};
+use super::peer::{Campaigns, GrpcTransport, Heard, PeerNetwork, Transport};
 use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
 use super::{Consensus, NodeId, TypeConfig};
@@ -150,10 +150,16 @@ impl Consensus {
         );
         let shared = sm.shared.clone();
         let campaigns = Arc::new(Campaigns::default());
+        // Twenty heartbeats, and at least a second: a member that misses a
+        // few on a loaded machine is not reported cut off.
+        let heard = Arc::new(Heard::new(
+            (options.heartbeat * 20).max(Duration::from_secs(1)),
+        ));
         let network = PeerNetwork {
             transport: transport.clone(),
             snapshot_chunks: shared.hub.metrics.snapshot_chunks.clone(),
             campaigns: campaigns.clone(),
+            heard: heard.clone(),
         };
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
             .await
@@ -168,6 +174,8 @@ impl Consensus {
             leader: Arc::new(Mutex::new(None)),
             proposals,
             transport,
+            heard,
+            removed: Arc::default(),
             id: spec.id,
         };
         let rejoined = consensus.form_group(&spec).await?;
@@ -194,6 +202,7 @@ impl Consensus {
                     (options.election_timeout.1 * 4).max(Duration::from_secs(1)),
                 ),
         );
+        tokio::spawn(consensus.clone().notice_removal());
         tokio::spawn(consensus.clone().batch_proposals(queue));
         tokio::spawn(consensus.clone().snapshot_when_due());
         Ok(consensus)
@@ -265,7 +274,13 @@ impl Consensus {
         if voters > 1 && !hold_off.is_zero() {
             tokio::time::sleep(hold_off).await;
         }
-        self.raft.runtime_config().elect(true);
+        self.allow_campaigns();
+    }
+
+    /// Lets openraft campaign again, unless this node was removed.
+    pub(super) fn allow_campaigns(&self) {
+        let removed = self.removed.load(std::sync::atomic::Ordering::SeqCst);
+        self.raft.runtime_config().elect(!removed);
     }
 
     /// Stops campaigning for `pause` when a majority of the voters refused
@@ -306,7 +321,7 @@ impl Consensus {
             );
             self.raft.runtime_config().elect(false);
             tokio::time::sleep(pause).await;
-            self.raft.runtime_config().elect(true);
+            self.allow_campaigns();
         }
     }
 

@@ -81,6 +81,8 @@ pub enum PeerCall {
     /// What a node says of itself ([`ProbeReply`]), asked while forming a
     /// group and before a membership change.
     Probe,
+    /// A node's latest membership ([`MembershipReply`]).
+    Membership,
 }
 
 /// How a call to a peer failed before an answer came back.
@@ -119,6 +121,17 @@ pub struct ProbeReply {
     pub leader: Option<NodeId>,
 }
 
+/// A node's latest membership, as it answers a peer that asks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MembershipReply {
+    /// The log index of the entry that made it (`None`: never one).
+    pub index: Option<u64>,
+    /// Whether that entry is committed (applied here).
+    pub committed: bool,
+    /// Its voters and learners.
+    pub members: Vec<NodeId>,
+}
+
 impl Consensus {
     /// Answers a call from a peer: the encoded answer, or why the call
     /// could not be served. Every transport's server end calls this.
@@ -141,6 +154,16 @@ impl Consensus {
     /// Asks node `id` at `addr` about itself; `None` if it does not answer soon.
     pub(super) async fn probe(&self, id: NodeId, addr: &str) -> Option<ProbeReply> {
         let call = self.transport.call(id, addr, PeerCall::Probe, Vec::new());
+        let reply = tokio::time::timeout(PROBE_TIMEOUT, call).await.ok()?.ok()?;
+        decode(&reply).ok()
+    }
+
+    /// Asks node `id` at `addr` for its latest membership; `None` if it does
+    /// not answer soon (or is of a build that does not know the call).
+    pub(super) async fn membership_of(&self, id: NodeId, addr: &str) -> Option<MembershipReply> {
+        let call = self
+            .transport
+            .call(id, addr, PeerCall::Membership, Vec::new());
         let reply = tokio::time::timeout(PROBE_TIMEOUT, call).await.ok()?.ok()?;
         decode(&reply).ok()
     }
@@ -177,6 +200,21 @@ async fn serve(
                 initialized,
                 term: m.current_term,
                 leader: m.current_leader,
+            })
+        }
+        PeerCall::Membership => {
+            let m = raft.metrics().borrow().clone();
+            let index = m.membership_config.log_id().as_ref().map(|l| l.index);
+            let applied = m.last_applied.map(|l| l.index);
+            encode(&MembershipReply {
+                index,
+                committed: index.is_some() && index <= applied,
+                members: m
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .collect(),
             })
         }
     }
@@ -243,6 +281,13 @@ impl RaftPeer for PeerService {
 
     async fn probe(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
         self.answer(PeerCall::Probe, request).await
+    }
+
+    async fn membership(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::Membership, request).await
     }
 }
 
@@ -360,6 +405,7 @@ impl Transport for GrpcTransport {
                 PeerCall::Vote => client.vote(message).await,
                 PeerCall::Snapshot => client.install_snapshot(message).await,
                 PeerCall::Probe => client.probe(message).await,
+                PeerCall::Membership => client.membership(message).await,
             };
             let failing = || failing.lock().unwrap_or_else(|e| e.into_inner());
             match reply {
@@ -435,6 +481,43 @@ impl Campaigns {
     }
 }
 
+/// When each peer last answered one of this node's Raft calls: on the
+/// leader, which members it hears from (a heartbeat goes every
+/// `--heartbeat`, so a member heard from long ago is cut off or down).
+pub(super) struct Heard {
+    /// A member unheard for longer than this is reported unreachable.
+    pub within: Duration,
+    last: Mutex<HashMap<NodeId, tokio::time::Instant>>,
+}
+
+impl Heard {
+    /// Reports a member unheard for longer than `within` as unreachable.
+    pub fn new(within: Duration) -> Heard {
+        Heard {
+            within,
+            last: Mutex::default(),
+        }
+    }
+
+    fn answered(&self, peer: NodeId) {
+        let now = tokio::time::Instant::now();
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(peer, now);
+    }
+
+    /// How long ago `peer` last answered; `None` if it never has.
+    pub fn since(&self, peer: NodeId) -> Option<Duration> {
+        let last = *self
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&peer)?;
+        Some(last.elapsed())
+    }
+}
+
 /// openraft's view of the peers: one [`PeerClient`] per peer, made as it
 /// needs them, all over one transport.
 #[derive(Clone)]
@@ -444,6 +527,8 @@ pub(super) struct PeerNetwork {
     pub snapshot_chunks: Counter,
     /// Vote refusals for a log behind the voter's.
     pub campaigns: Arc<Campaigns>,
+    /// When each peer last answered.
+    pub heard: Arc<Heard>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -456,6 +541,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             transport: self.transport.clone(),
             snapshot_chunks: self.snapshot_chunks.clone(),
             campaigns: self.campaigns.clone(),
+            heard: self.heard.clone(),
         }
     }
 }
@@ -467,6 +553,7 @@ pub(super) struct PeerClient {
     transport: Arc<dyn Transport>,
     snapshot_chunks: Counter,
     campaigns: Arc<Campaigns>,
+    heard: Arc<Heard>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -505,6 +592,8 @@ impl PeerClient {
             Ok(Err(TransportError::Failed(message))) => return Err(network(message)),
             Err(_) => return Err(network(format!("no answer within {:?}", option.soft_ttl()))),
         };
+        // Any answer, a refusal included, shows the peer is up and reachable.
+        self.heard.answered(self.target);
         let answer: Result<Resp, RaftError<NodeId, E>> = decode(&reply).map_err(network)?;
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }

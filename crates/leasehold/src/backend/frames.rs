@@ -262,7 +262,13 @@ async fn connect(
     tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
         .map_err(|_| format!("connect to leaseholdd at {addr}: timed out"))?
-        .map_err(|e| format!("connect to leaseholdd at {addr}: {e}"))?;
+        .map_err(|e| {
+            let e = e.to_string();
+            match crate::tls::advice(&e) {
+                Some(advice) => format!("connect to leaseholdd at {addr}: {advice} ({e})"),
+                None => format!("connect to leaseholdd at {addr}: {e}"),
+            }
+        })?;
     Ok(queue)
 }
 
@@ -299,11 +305,22 @@ where
                     }
                 }
                 if let Err(e) = write.write_all(&out).await {
-                    break Some(e.to_string());
+                    break Some(write_failed(&mut replies, &addr, e).await);
                 }
                 out.clear();
             }
             reply = replies.next() => match reply {
+                // Id 0 is for the connection, not a call: the server refused
+                // it before it read any call (plaintext on its TLS port).
+                Some(Ok(frame)) if frame.id == 0 && frame.tag == REPLY_ERROR => {
+                    break Some(Failure::Refused(frame.body));
+                }
+                // An alert from the server: it refused the TLS handshake
+                // (a client certificate it wants or does not trust), so it
+                // read no call.
+                Some(Err(e)) if e.to_string().contains("alert") => {
+                    break Some(refused_handshake(&addr, &e.to_string()));
+                }
                 Some(Ok(frame)) => {
                     let Some(Pending { caller: Some(caller), unheard }) = waiting.remove(&frame.id)
                     else {
@@ -323,23 +340,89 @@ where
                         // Its answer drops the guard.
                         waiting.insert(next_id, Pending { caller: None, unheard: Some(unheard) });
                         if let Err(e) = write.write_all(&out).await {
-                            break Some(e.to_string());
+                            break Some(write_failed(&mut replies, &addr, e).await);
                         }
                     }
                     out.clear();
                 }
-                Some(Err(e)) => break Some(e.to_string()),
-                None => break Some("closed by the server".to_string()),
+                Some(Err(e)) => break Some(Failure::Lost(e.to_string())),
+                None => break Some(Failure::Lost("closed by the server".to_string())),
             },
         }
     };
-    // Calls already sent may or may not have taken effect; their callers
-    // retry with the same request ids where that is safe.
-    let reason = format!(
-        "connection to leaseholdd at {addr}: {}",
-        failure.as_deref().unwrap_or("closed")
-    );
-    for caller in waiting.into_values().filter_map(|p| p.caller) {
-        let _ = caller.send(Err(reason.clone()));
+    match failure {
+        // Nothing was read, so nothing was done: every caller gets the
+        // refusal as its own answer.
+        Some(Failure::Refused(body)) => {
+            let refuse = |reply: oneshot::Sender<Reply>, id| {
+                let _ = reply.send(Ok(Frame {
+                    id,
+                    tag: REPLY_ERROR,
+                    body: body.clone(),
+                }));
+            };
+            for (id, pending) in waiting {
+                if let Some(caller) = pending.caller {
+                    refuse(caller, id);
+                }
+            }
+            // A call queued while the refusal was on its way gets it too.
+            let late = async {
+                while let Some(call) = calls.recv().await {
+                    refuse(call.reply, 0);
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(500), late).await;
+        }
+        // Calls already sent may or may not have taken effect; their
+        // callers retry with the same request ids where that is safe.
+        lost => {
+            let reason = match lost {
+                Some(Failure::Lost(why)) => why,
+                _ => "closed".to_string(),
+            };
+            let reason = format!("connection to leaseholdd at {addr}: {reason}");
+            for caller in waiting.into_values().filter_map(|p| p.caller) {
+                let _ = caller.send(Err(reason.clone()));
+            }
+        }
     }
+}
+
+/// A TLS alert from the server: it refused the handshake, so it read no
+/// call. Every node would refuse the same certificate, so this is
+/// `unauthenticated`, not a failure to retry elsewhere.
+fn refused_handshake(addr: &str, alert: &str) -> Failure {
+    let advice = crate::tls::advice(alert).unwrap_or("the server refused the TLS handshake");
+    let refusal = pb::ErrorReply {
+        code: "unauthenticated".into(),
+        message: format!("leaseholdd at {addr}: {advice} ({alert})"),
+        details: Default::default(),
+    };
+    Failure::Refused(refusal.encode_to_vec().into())
+}
+
+/// Why a write failed. Under TLS 1.3 a server checks the client's
+/// certificate after the client's handshake is done, so a refusal shows as
+/// the next write failing; the alert that says why is waiting to be read.
+async fn write_failed<R: AsyncRead + Unpin>(
+    replies: &mut FramedRead<R, FrameCodec>,
+    addr: &str,
+    error: std::io::Error,
+) -> Failure {
+    match tokio::time::timeout(Duration::from_millis(200), replies.next()).await {
+        Ok(Some(Err(e))) if e.to_string().contains("alert") => {
+            refused_handshake(addr, &e.to_string())
+        }
+        _ => Failure::Lost(error.to_string()),
+    }
+}
+
+/// Why a connection's driver stopped.
+enum Failure {
+    /// The server refused the connection before it read any call; the
+    /// body of its `ErrorReply`.
+    Refused(bytes::Bytes),
+    /// The connection broke: calls in flight may or may not have acted.
+    Lost(String),
 }

@@ -156,7 +156,9 @@ fn lock_error(
             reason: message,
         },
         Some("invalid_argument") => Error::InvalidArgument(message),
-        Some("not_leader") | Some("unavailable") => Error::Unavailable(message),
+        Some("not_leader") | Some("unavailable") | Some("tls_required") => {
+            Error::Unavailable(message)
+        }
         Some("outcome_unknown") => Error::OutcomeUnknown(message),
         Some("unauthenticated") => Error::Unauthenticated(message),
         Some("permission_denied") => Error::PermissionDenied(message),
