@@ -363,3 +363,25 @@ def test_a_release_whose_answer_is_lost_is_sent_again_and_not_called_a_loss(serv
     client._call("DELETE", f"/v1/leases/{other.lease_id}", None)
     with pytest.raises(leasehold.LeaseLost):
         other.release()
+
+
+def test_a_lone_endpoint_that_refuses_connections_fails_at_once():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = leasehold.Client(f"http://127.0.0.1:{port}", holder="py")
+    started = time.monotonic()
+    try:
+        client.try_lock("k", ttl=3)
+    except leasehold.Unavailable as e:
+        assert "is leaseholdd running there?" in str(e)
+    else:
+        raise AssertionError("a lock from nobody")
+    assert time.monotonic() - started < 2
+
+
+def test_a_leader_reads_as_the_readme_shows_it():
+    leader = leasehold.Leader(raw=b"node-3", fence=42, holder="host-a")
+    assert repr(leader) == "Leader(value='node-3', fence=42, holder='host-a')"

@@ -296,6 +296,10 @@ class AsyncClient:
             try:
                 r = await self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
             except httpx.ConnectError as e:
+                # Never reached a server: nothing was done. With no other
+                # node to try, a refused connection is final at once.
+                if len(self.endpoints.urls) == 1 and "refused" in str(e).lower():
+                    raise errors.Unavailable(f"{url}: {e} (is leaseholdd running there?)") from None
                 self.endpoints.next()
                 err: errors.LeaseholdError = errors.Unavailable(f"{url}: {e}")
             except httpx.TransportError as e:

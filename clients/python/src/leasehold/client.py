@@ -346,7 +346,10 @@ class Client:
             try:
                 r = self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
             except httpx.ConnectError as e:
-                # Never reached a server: nothing was done.
+                # Never reached a server: nothing was done. With no other
+                # node to try, a refused connection is final at once.
+                if len(self.endpoints.urls) == 1 and "refused" in str(e).lower():
+                    raise errors.Unavailable(f"{url}: {e} (is leaseholdd running there?)") from None
                 self.endpoints.next()
                 err: errors.LeaseholdError = errors.Unavailable(f"{url}: {e}")
             except httpx.TransportError as e:

@@ -42,6 +42,9 @@ class Leader:
     def value(self) -> str:
         return self.raw.decode("utf-8", errors="replace")
 
+    def __repr__(self) -> str:
+        return f"Leader(value={self.value!r}, fence={self.fence}, holder={self.holder!r})"
+
 
 class Leadership:
     """This process leads: a lease on the election's key."""
