@@ -425,6 +425,8 @@ impl Leaseholdd {
                         Error::Unavailable(m) | Error::OutcomeUnknown(m) => {
                             Err(RenewError::Transient(m))
                         }
+                        // The session's lease, not a key: its own reason.
+                        Error::LeaseLost { reason, .. } => Err(RenewError::Lost(reason)),
                         e => Err(RenewError::Lost(e.to_string())),
                     },
                     Err(_) => {
