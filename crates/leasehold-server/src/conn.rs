@@ -127,12 +127,7 @@ async fn refuse_frames(mut stream: TcpStream) {
 fn plaintext_refusal() -> axum::Router {
     axum::Router::new().fallback(|request: axum::extract::Request| async move {
         use axum::response::IntoResponse;
-        let grpc = request
-            .headers()
-            .get(axum::http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("application/grpc"));
-        if grpc {
+        if crate::api::http::is_grpc(&request) {
             return tonic::Status::from(tls_required())
                 .into_http()
                 .map(axum::body::Body::new);

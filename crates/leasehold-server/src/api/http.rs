@@ -124,15 +124,19 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Query<T> {
     }
 }
 
-/// Any path no route has: a JSON 404, or gRPC's `UNIMPLEMENTED` to a gRPC
-/// call of a method this server does not have.
-pub async fn not_found(request: Request) -> Response {
-    let grpc = request
+/// Whether `request` is a gRPC call (its answer must be a gRPC status).
+pub fn is_grpc(request: &Request) -> bool {
+    request
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"));
-    if grpc {
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// Any path no route has: a JSON 404, or gRPC's `UNIMPLEMENTED` to a gRPC
+/// call of a method this server does not have.
+pub async fn not_found(request: Request) -> Response {
+    if is_grpc(&request) {
         let status = tonic::Status::unimplemented(format!("no method {}", request.uri().path()));
         return status.into_http().map(axum::body::Body::new);
     }
