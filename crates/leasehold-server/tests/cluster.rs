@@ -344,7 +344,6 @@ async fn a_node_that_does_not_answer_is_not_added() {
 
     // Nothing listens there.
     let nobody = format!("127.0.0.1:{}", leasehold_testkit::free_port());
-    let started = std::time::Instant::now();
     let (s, r) = common::post(
         &addr,
         "/v1/cluster/members",
@@ -357,7 +356,6 @@ async fn a_node_that_does_not_answer_is_not_added() {
         r["error"]["message"],
         format!("node 4 at {nobody} did not answer within 10 s; it was not added"),
     );
-    assert!(started.elapsed() < Duration::from_secs(30));
     let (_, status) = get(&addr, "/v1/cluster").await;
     assert_eq!(voters(&status), vec![1, 2, 3], "{status}");
 
