@@ -364,6 +364,18 @@ impl AuthState {
         at_unix_ms: u64,
         change: AuthChange,
     ) -> Result<Option<TokenId>, LockError> {
+        self.apply_as(token, None, at_unix_ms, change)
+    }
+
+    /// [`apply`](Self::apply), by a caller who also showed a client
+    /// certificate with this subject: the audit trail names both.
+    pub fn apply_as(
+        &mut self,
+        token: Option<TokenId>,
+        certificate: Option<&str>,
+        at_unix_ms: u64,
+        change: AuthChange,
+    ) -> Result<Option<TokenId>, LockError> {
         // A retried enable (same root secret) is answered with the root
         // token it made; whoever knows that secret made it.
         if let AuthChange::Enable { root_hash } = &change {
@@ -384,7 +396,13 @@ impl AuthState {
                 return Ok(Some(id));
             }
         }
-        let who = self.who(token);
+        let who = match (certificate, token) {
+            (None, _) => self.who(token),
+            (Some(subject), None) => format!("certificate {:?}", cut(subject)),
+            (Some(subject), Some(_)) => {
+                format!("{}, certificate {:?}", self.who(token), cut(subject))
+            }
+        };
         let mut next = self.clone_without_audit();
         let (created, what) = next.change(at_unix_ms, change)?;
         if next.enabled && !next.has_admin() {
@@ -565,6 +583,19 @@ impl AuthState {
     }
 }
 
+/// A certificate subject held to [`MAX_SUBJECT_LEN`](crate::limits::MAX_SUBJECT_LEN).
+fn cut(subject: &str) -> String {
+    let max = crate::limits::MAX_SUBJECT_LEN;
+    if subject.len() <= max {
+        return subject.to_string();
+    }
+    let mut end = max;
+    while !subject.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &subject[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,6 +622,35 @@ mod tests {
         assert_eq!(role.permission("jobs/secret/a"), Permission::None);
         assert_eq!(role.permission("payments/x"), Permission::Read);
         assert_eq!(Role::default().permission("x"), Permission::None);
+    }
+
+    /// A change made with a client certificate names its subject in the
+    /// audit trail, beside the token if there is one; an overlong subject
+    /// is cut.
+    #[test]
+    fn the_audit_trail_names_a_client_certificate() {
+        let mut auth = AuthState::default();
+        let enable = AuthChange::Enable {
+            root_hash: hash_secret("r"),
+        };
+        let root = auth.apply_as(None, Some("CN=alice"), 1, enable).unwrap();
+        assert_eq!(
+            auth.audit().back().unwrap().who,
+            r#"certificate "CN=alice""#
+        );
+        let create = AuthChange::CreateToken {
+            name: "ci".into(),
+            role: ROOT_ROLE.into(),
+            hash: hash_secret("c"),
+        };
+        let long = format!("CN={}", "é".repeat(300));
+        auth.apply_as(root, Some(&long), 2, create).unwrap();
+        let who = &auth.audit().back().unwrap().who;
+        assert!(
+            who.starts_with(r#""root" (token 1), certificate "CN=éé"#),
+            "{who}"
+        );
+        assert!(who.len() < 300 + crate::limits::MAX_SUBJECT_LEN, "{who}");
     }
 
     #[test]

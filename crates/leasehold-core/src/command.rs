@@ -209,6 +209,19 @@ pub enum Command {
         /// Client request id for safe retries (0 for none).
         request_id: RequestId,
     },
+    /// [`Command::Auth`] made by a caller who showed a client certificate:
+    /// the audit trail names its subject beside the token. (A variant of
+    /// its own, after the others, so entries written before it read the
+    /// same.)
+    AuthWithCertificate {
+        /// The change.
+        change: AuthChange,
+        /// Unix milliseconds.
+        at_unix_ms: u64,
+        /// The certificate's subject, e.g. `CN=alice` (at most
+        /// [`MAX_SUBJECT_LEN`](crate::limits::MAX_SUBJECT_LEN) bytes are kept).
+        subject: String,
+    },
 }
 
 /// Bytes a holder saved with its lock.

@@ -14,6 +14,9 @@ pub const MAX_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 pub const MAX_LOCK_DELAY_MS: u64 = 60 * 1000;
 /// Longest wait in a key's queue, in milliseconds (1 hour).
 pub const MAX_WAIT_MS: u64 = 60 * 60 * 1000;
+/// Longest client-certificate subject kept in the audit trail, in bytes;
+/// a longer one is cut (at a character boundary) and marked with `…`.
+pub const MAX_SUBJECT_LEN: usize = 256;
 /// Largest checkpoint, in bytes (64 KiB).
 pub const MAX_CHECKPOINT_LEN: usize = 64 * 1024;
 /// Most permits a semaphore may have.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{AuthState, Permission, TokenId};
+use crate::auth::{AuthChange, AuthState, Permission, TokenId};
 use crate::command::{Checkpoint, Command, Event, Grant, Mode, Response, Stamp, WaitEnd};
 use crate::limits;
 use crate::{Fence, LeaseId, LockError, RequestId, Time};
@@ -489,11 +489,16 @@ pub struct LeaseView {
     pub ttl_ms: u64,
     /// Milliseconds until it expires unless renewed.
     pub ttl_left_ms: u64,
-    /// The keys it holds (in a list, the first of them only; see
+    /// The keys it holds (in a list, only the first few; see
     /// [`LockTable::leases`]).
     pub keys: Vec<String>,
     /// How many keys it holds.
     pub key_count: usize,
+    /// The keys it is queued for (in a list, only the first few, as
+    /// with `keys`).
+    pub waiting_for: Vec<String>,
+    /// How many keys it is queued for.
+    pub waiting_count: usize,
     /// The token that granted it, if auth was on.
     pub owner: Option<TokenId>,
 }
@@ -706,15 +711,32 @@ impl LockTable {
                 self.run(*command, t, events)
             }
             Command::Auth { change, at_unix_ms } => {
-                let created = self.auth.apply(token, at_unix_ms, change)?;
-                if let Some(audit) = self.auth.audit().back() {
-                    events.push(Event::AuthChanged {
-                        audit: audit.clone(),
-                    });
-                }
-                Ok(Response::AuthChanged { token: created })
+                self.change_auth(token, None, at_unix_ms, change, events)
             }
+            Command::AuthWithCertificate {
+                change,
+                at_unix_ms,
+                subject,
+            } => self.change_auth(token, Some(&subject), at_unix_ms, change, events),
         }
+    }
+
+    /// Applies a change to auth and tells of it with its audit entry.
+    fn change_auth(
+        &mut self,
+        token: Option<TokenId>,
+        certificate: Option<&str>,
+        at_unix_ms: u64,
+        change: AuthChange,
+        events: &mut Vec<Event>,
+    ) -> Result<Response, LockError> {
+        let created = self.auth.apply_as(token, certificate, at_unix_ms, change)?;
+        if let Some(audit) = self.auth.audit().back() {
+            events.push(Event::AuthChanged {
+                audit: audit.clone(),
+            });
+        }
+        Ok(Response::AuthChanged { token: created })
     }
 
     // ---- auth ----
@@ -739,7 +761,11 @@ impl LockTable {
         }
         // Auth changes are checked by `AuthState::apply`, which answers a
         // repeated enable without a token.
-        if !self.auth.enabled() || matches!(command, Command::Auth { .. }) {
+        let auth = matches!(
+            command,
+            Command::Auth { .. } | Command::AuthWithCertificate { .. }
+        );
+        if !self.auth.enabled() || auth {
             return Ok(());
         }
         let t = token;
@@ -754,7 +780,10 @@ impl LockTable {
             }
         };
         match command {
-            Command::Grant { .. } | Command::Tick | Command::Auth { .. } => Ok(()),
+            Command::Grant { .. }
+            | Command::Tick
+            | Command::Auth { .. }
+            | Command::AuthWithCertificate { .. } => Ok(()),
             Command::KeepAlive { lease } | Command::CancelWait { lease, .. } => own(*lease),
             Command::Revoke { lease } => {
                 if own(*lease).is_ok() {
@@ -2013,16 +2042,19 @@ impl LockTable {
         limit: usize,
         now: Time,
     ) -> Vec<LockView> {
-        self.locks_where(prefix, start_after, limit, now, |_| true)
+        self.locks_where(prefix, start_after, limit, now, false, |_| true)
     }
 
-    /// [`locks`](Self::locks), of only the keys `visible` keeps.
+    /// [`locks`](Self::locks), of only the keys `visible` keeps; with
+    /// `held_only`, of only the keys held or waited for (not those that
+    /// only keep a checkpoint, an election's value, or a lock-delay).
     pub fn locks_where(
         &self,
         prefix: &str,
         start_after: Option<&str>,
         limit: usize,
         now: Time,
+        held_only: bool,
         visible: impl Fn(&str) -> bool,
     ) -> Vec<LockView> {
         use std::ops::Bound;
@@ -2033,6 +2065,7 @@ impl LockTable {
         self.locks
             .range::<str, _>((from, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, l)| !held_only || l.holder.is_some() || !l.waiters().is_empty())
             .filter(|(k, _)| visible(k))
             .take(limit)
             .map(|(k, l)| self.view_lock(k, l, now))
@@ -2284,6 +2317,13 @@ fn view_lease(id: LeaseId, lease: &Lease, now: Time, max_keys: usize) -> LeaseVi
             .map(|k| k.to_string())
             .collect(),
         key_count: lease.held.len(),
+        waiting_for: lease
+            .waiting
+            .iter()
+            .take(max_keys)
+            .map(|k| k.to_string())
+            .collect(),
+        waiting_count: lease.waiting.len(),
         owner: lease.owner,
     }
 }

@@ -5,8 +5,14 @@
 //!   and an HTTP/1 request as long to send its headers (a slow-loris client
 //!   is closed, not kept).
 //! - A connection with no call in flight (an open watch or waiting acquire
-//!   counts as one) is closed after [`Limits::idle_timeout`]. Clients
+//!   counts as one) is closed after [`Limits::idle_timeout`], on every
+//!   protocol: after a polite close (HTTP/2's GOAWAY) it has
+//!   [`CLOSE_GRACE`] to go, so an HTTP/2 client that sent only its preface
+//!   or part of a request cannot hold it open until the next ping. Clients
 //!   reconnect on their next call, so this costs them nothing.
+//! - An HTTP/1 request hyper cannot parse (a bad `Transfer-Encoding`,
+//!   headers too large) gets the JSON error body every other answer has
+//!   ([`JsonParseErrors`]), not an empty one.
 //! - At most [`Limits::max_connections`] are open at once; past it a new
 //!   connection is closed at once, with one log line each time the cap is
 //!   reached, so open file descriptors stay below the process's limit and
@@ -35,7 +41,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::service::LockService;
-use crate::tls::{PeerCertificate, Tls};
+use crate::tls::{ClientSubject, PeerCertificate, Tls};
 
 /// At most one log line per this long for refused connections of a kind;
 /// the line counts the ones it stands for.
@@ -156,6 +162,11 @@ impl Default for Limits {
         }
     }
 }
+
+/// How long a connection closed for being idle, or for a shutdown, has to
+/// finish its polite close before it is dropped. Nothing is in flight on an
+/// idle one, so the close is only the peer's acknowledgement.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// How often an HTTP/2 connection is pinged, and how long a ping may go unanswered.
 const H2_PING_EVERY: Duration = Duration::from_secs(20);
@@ -349,8 +360,8 @@ pub async fn serve(
                 ..limits
             };
             return serve_http(
-                TokioIo::new(stream),
-                None,
+                stream,
+                Shown::default(),
                 local,
                 plaintext_refusal(),
                 limits,
@@ -362,7 +373,7 @@ pub async fn serve(
             let (read, write) = stream.into_split();
             return crate::api::frames::serve(read, write, service, limits, stop).await;
         }
-        return serve_http(TokioIo::new(stream), None, local, app, limits, stop).await;
+        return serve_http(stream, Shown::default(), local, app, limits, stop).await;
     };
     let opened = async {
         let (mut stream, peer) = match tls.accept(stream, limits.header_timeout).await {
@@ -372,11 +383,18 @@ pub async fn serve(
                 return Err(e);
             }
         };
+        let subject = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|certs| certs.first())
+            .and_then(crate::tls::subject)
+            .map(|s| ClientSubject(Arc::from(s)));
         let mut first = [0u8; 1];
         tokio::time::timeout(limits.header_timeout, stream.read_exact(&mut first)).await??;
-        anyhow::Ok((Prefixed::new(first[0], stream), peer))
+        anyhow::Ok((Prefixed::new(first[0], stream), peer, subject))
     };
-    let (stream, peer) = tokio::select! {
+    let (stream, peer, subject) = tokio::select! {
         opened = opened => match opened {
             Ok(opened) => opened,
             Err(e) => {
@@ -388,9 +406,11 @@ pub async fn serve(
     };
     if stream.first == Some(leasehold_proto::frame::PREAMBLE[0]) {
         let (read, write) = tokio::io::split(stream);
+        let service = service.with_certificate(subject.map(|s| s.0));
         return crate::api::frames::serve(read, write, service, limits, stop).await;
     }
-    serve_http(TokioIo::new(stream), peer, local, app, limits, stop).await
+    let shown = Shown { peer, subject };
+    serve_http(stream, shown, local, app, limits, stop).await
 }
 
 /// Whether a connection comes from this machine: from the very address it
@@ -407,11 +427,20 @@ impl Local {
         Local(peer.ip() == own.ip())
     }
 }
+/// What a TLS client showed in its handshake.
+#[derive(Default)]
+struct Shown {
+    /// A peer's certificate (signed by the peer CA), for Raft calls.
+    peer: Option<PeerCertificate>,
+    /// A client certificate's subject, for the audit trail.
+    subject: Option<ClientSubject>,
+}
+
 /// Serves HTTP/1.1 or HTTP/2 on one connection until it closes, goes idle
 /// or the server stops.
 async fn serve_http<S>(
-    io: TokioIo<S>,
-    peer: Option<PeerCertificate>,
+    stream: S,
+    shown: Shown,
     local: Local,
     app: axum::Router,
     limits: Limits,
@@ -423,8 +452,11 @@ async fn serve_http<S>(
     let calls = activity.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
         let busy = calls.enter();
-        if let Some(peer) = &peer {
+        if let Some(peer) = &shown.peer {
             request.extensions_mut().insert(peer.clone());
+        }
+        if let Some(subject) = &shown.subject {
+            request.extensions_mut().insert(subject.clone());
         }
         request.extensions_mut().insert(local);
         let call = app.clone().oneshot(request);
@@ -443,17 +475,175 @@ async fn serve_http<S>(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(H2_PING_EVERY))
         .keep_alive_timeout(H2_PING_TIMEOUT);
+    let io = TokioIo::new(JsonParseErrors::new(stream));
     let conn = http.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => {}
         _ = idle(&activity, limits.idle_timeout) => {
+            // An HTTP/2 connection still in its handshake, or waiting for
+            // the peer to acknowledge the GOAWAY, would otherwise stay
+            // until its next ping times out.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
+        }
+        _ = crate::server::stopped(&mut stop) => {
+            // Calls in flight may finish; the server bounds the wait.
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         }
-        _ = crate::server::stopped(&mut stop) => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+    }
+}
+
+/// hyper answers an HTTP/1 request it cannot parse (a bad
+/// `Transfer-Encoding`, headers too large, a URI too long) by itself,
+/// before the router sees it, with a status and an empty body. This puts
+/// the JSON error body every other answer has into that response. It
+/// rewrites only a write that is a whole response head with an error
+/// status, `content-length: 0` and no `content-type` (the router never
+/// sends an error like that), and leaves HTTP/2 connections alone. It
+/// reports itself as not vectored, so hyper hands it each response head
+/// in one piece.
+struct JsonParseErrors<S> {
+    inner: S,
+    /// The first bytes read, to tell HTTP/2's preface (`PRI * HTTP/2.0`).
+    first: Vec<u8>,
+    /// A rewritten response, and how much of it is written.
+    pending: Option<(Vec<u8>, usize)>,
+}
+
+impl<S> JsonParseErrors<S> {
+    fn new(inner: S) -> JsonParseErrors<S> {
+        JsonParseErrors {
+            inner,
+            first: Vec::with_capacity(3),
+            pending: None,
+        }
+    }
+
+    fn http2(&self) -> bool {
+        self.first.starts_with(b"PRI")
+    }
+}
+
+/// The response `head` with a JSON error body, if it is one of hyper's own
+/// bodiless error answers.
+fn with_json_body(head: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(head.strip_suffix(b"\r\n\r\n")?).ok()?;
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next()?;
+    let status = status_line
+        .strip_prefix("HTTP/1.1 ")
+        .or_else(|| status_line.strip_prefix("HTTP/1.0 "))?;
+    let code: u16 = status.get(..3)?.parse().ok()?;
+    let headers: Vec<&str> = lines.collect();
+    let named = |h: &str, name: &str| {
+        h.split_once(':')
+            .is_some_and(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+    };
+    let empty = headers.iter().any(|h| {
+        named(h, "content-length") && h.split_once(':').is_some_and(|(_, v)| v.trim() == "0")
+    });
+    if !(400..600).contains(&code) || !empty || headers.iter().any(|h| named(h, "content-type")) {
+        return None;
+    }
+    let message = match code {
+        431 => "the request's headers are too large".to_string(),
+        414 => "the request's URI is too long".to_string(),
+        _ => "the request is not valid HTTP/1.1 (a malformed request line or header; the only Transfer-Encoding accepted is chunked): fix the client's request".to_string(),
+    };
+    let body = serde_json::json!({
+        "error": { "code": "invalid_argument", "message": message }
+    })
+    .to_string();
+    let mut out = format!(
+        "{status_line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for h in headers.iter().filter(|h| !named(h, "content-length")) {
+        out.push_str(h);
+        out.push_str("\r\n");
+    }
+    out.push_str("\r\n");
+    out.push_str(&body);
+    Some(out.into_bytes())
+}
+
+impl<S: AsyncWrite + Unpin> JsonParseErrors<S> {
+    /// Writes out a rewritten response, if one is waiting.
+    fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        while let Some((bytes, written)) = &mut self.pending {
+            if *written == bytes.len() {
+                self.pending = None;
+                break;
+            }
+            match Pin::new(&mut self.inner).poll_write(cx, &bytes[*written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into()))
+                }
+                Poll::Ready(Ok(n)) => *written += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for JsonParseErrors<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if self.first.len() < 3 {
+            let want = 3 - self.first.len();
+            let new = &buf.filled()[before..];
+            let take = new.len().min(want);
+            let head = new[..take].to_vec();
+            self.first.extend_from_slice(&head);
+        }
+        read
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.drain(cx) {
+            Poll::Ready(Ok(())) => {}
+            Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            Poll::Pending => return Poll::Pending,
+        }
+        if !self.http2() {
+            if let Some(rewritten) = with_json_body(buf) {
+                // Taken whole; written out here or by the next flush.
+                self.pending = Some((rewritten, 0));
+                if let Poll::Ready(Err(e)) = self.drain(cx) {
+                    return Poll::Ready(Err(e));
+                }
+                return Poll::Ready(Ok(buf.len()));
+            }
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.inner).poll_flush(cx),
+            other => other,
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.drain(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.inner).poll_shutdown(cx),
+            other => other,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Carries what the state machine did to whoever is waiting for it: queued
 //! acquirers, watch streams and the expiry driver.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use leasehold_core::{Event, Grant, LeaseId, RequestId, WaitEnd};
@@ -21,6 +21,20 @@ pub enum WaitResult {
 
 type WaitKey = (LeaseId, String);
 
+/// How many of the last lock events a node keeps, for a dashboard that
+/// opens after they happened.
+pub const RECENT_EVENTS: usize = 200;
+
+/// An event and when this node applied it, in Unix milliseconds on its
+/// own wall clock (for people reading it; nothing decides by it).
+#[derive(Debug, Clone)]
+pub struct Stamped {
+    /// Unix milliseconds.
+    pub at_unix_ms: u64,
+    /// The event.
+    pub event: Event,
+}
+
 /// By lease, key and request id: the latest attempt's number, and how many
 /// attempts are running.
 type Attempts = HashMap<(LeaseId, String, RequestId), (u64, usize)>;
@@ -28,7 +42,9 @@ type Attempts = HashMap<(LeaseId, String, RequestId), (u64, usize)>;
 /// Shared between the state machine (which publishes) and the API (which waits).
 pub struct Hub {
     waiters: Mutex<HashMap<WaitKey, Vec<oneshot::Sender<WaitResult>>>>,
-    watch: broadcast::Sender<Event>,
+    watch: broadcast::Sender<Stamped>,
+    /// The last [`RECENT_EVENTS`] lock events, oldest first.
+    recent: Mutex<VecDeque<Stamped>>,
     /// Signalled after every applied batch, so the expiry driver can look at
     /// the next deadline again.
     pub applied: Notify,
@@ -46,6 +62,7 @@ impl Default for Hub {
         Hub {
             waiters: Mutex::new(HashMap::new()),
             watch: broadcast::channel(4096).0,
+            recent: Mutex::new(VecDeque::with_capacity(RECENT_EVENTS)),
             applied: Notify::new(),
             metrics: Metrics::default(),
             auth: AuthCache::default(),
@@ -119,8 +136,47 @@ impl Hub {
     }
 
     /// A stream of every event from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Stamped> {
         self.watch.subscribe()
+    }
+
+    /// The last [`RECENT_EVENTS`] lock events this node applied, oldest first.
+    pub fn recent(&self) -> Vec<Stamped> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.iter().cloned().collect()
+    }
+
+    /// Keeps the last lock events of a batch (a lease that ends with a
+    /// million keys costs [`RECENT_EVENTS`] clones, not a million).
+    fn remember(&self, at_unix_ms: u64, events: &[Event]) {
+        let lock_event = |e: &&Event| {
+            matches!(
+                e,
+                Event::Acquired { .. }
+                    | Event::Released { .. }
+                    | Event::Expired { .. }
+                    | Event::CheckpointSaved { .. }
+            )
+        };
+        let last: Vec<&Event> = events
+            .iter()
+            .rev()
+            .filter(lock_event)
+            .take(RECENT_EVENTS)
+            .collect();
+        if last.is_empty() {
+            return;
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        for event in last.into_iter().rev() {
+            if recent.len() == RECENT_EVENTS {
+                recent.pop_front();
+            }
+            recent.push_back(Stamped {
+                at_unix_ms,
+                event: event.clone(),
+            });
+        }
     }
 
     /// Called by the state machine with the events of one applied entry.
@@ -175,9 +231,16 @@ impl Hub {
                 }
             }
         }
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.remember(at_unix_ms, events);
         if self.watch.receiver_count() > 0 {
             for event in events {
-                let _ = self.watch.send(event.clone());
+                let _ = self.watch.send(Stamped {
+                    at_unix_ms,
+                    event: event.clone(),
+                });
             }
         }
     }

@@ -17,7 +17,7 @@ use leasehold_core::{
 use tokio::sync::broadcast;
 
 use crate::auth_cache::Known;
-use crate::hub::WaitResult;
+use crate::hub::{Stamped, WaitResult};
 use crate::raft::{ClusterStatus, Consensus, ConsensusError, NodeId};
 
 /// Lists return at most this many items.
@@ -184,6 +184,9 @@ pub struct LockService {
     require_auth: bool,
     /// The caller is on this machine.
     local: bool,
+    /// The subject of the client certificate the caller showed, if any:
+    /// named in the audit trail.
+    certificate: Option<Arc<str>>,
     #[cfg(feature = "planted-bugs")]
     planted: Option<PlantedBug>,
 }
@@ -200,6 +203,7 @@ impl LockService {
             bearer: None,
             require_auth: false,
             local: false,
+            certificate: None,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -226,6 +230,15 @@ impl LockService {
     pub fn with_bearer(&self, bearer: Option<&str>) -> LockService {
         LockService {
             bearer: bearer.map(Arc::from),
+            ..self.clone()
+        }
+    }
+
+    /// This service for a caller who showed a client certificate with this
+    /// subject (or none).
+    pub fn with_certificate(&self, subject: Option<Arc<str>>) -> LockService {
+        LockService {
+            certificate: subject,
             ..self.clone()
         }
     }
@@ -705,12 +718,14 @@ impl LockService {
     }
 
     /// Locks under a prefix, in key order, after the key `start_after`; and
-    /// the cursor for the next page (the last key), if there are more.
+    /// the cursor for the next page (the last key), if there are more. With
+    /// `held_only`, only keys held or waited for.
     pub async fn locks(
         &self,
         prefix: &str,
         start_after: Option<&str>,
         limit: usize,
+        held_only: bool,
     ) -> Result<Page<LockView, String>, ApiError> {
         validate_prefix(prefix)?;
         let start_after = start_after.filter(|a| !a.is_empty());
@@ -732,7 +747,7 @@ impl LockService {
                         .permission(who, key)
                         .is_ok_and(|p| p >= Permission::Read)
                 };
-                Ok(t.locks_where(prefix, start_after, limit + 1, now, visible))
+                Ok(t.locks_where(prefix, start_after, limit + 1, now, held_only, visible))
             })
             .await?;
         let next = (items.len() > limit).then(|| {
@@ -793,6 +808,22 @@ impl LockService {
         })
     }
 
+    /// The last lock events this node applied (at most
+    /// [`RECENT_EVENTS`](crate::hub::RECENT_EVENTS)), oldest first, for keys
+    /// under `prefix` that the caller may read: what happened just before
+    /// a watch began.
+    pub async fn recent_events(&self, prefix: &str) -> Result<Vec<WatchEvent>, ApiError> {
+        validate_prefix(prefix)?;
+        let access = self.consensus.read_local(|t| self.access(t.auth())).await?;
+        Ok(self
+            .consensus
+            .hub()
+            .recent()
+            .into_iter()
+            .filter_map(|e| watch_event(e, prefix, &access))
+            .collect())
+    }
+
     /// What the caller may read, to filter a watch.
     fn access(&self, auth: &AuthState) -> Result<Access, LockError> {
         let Some(token) = self.caller(auth)? else {
@@ -839,7 +870,11 @@ impl LockService {
             .consensus
             .read_local(|t| {
                 self.allowed(t, "", Permission::Admin)?;
-                Ok::<_, LockError>(t.auth().who(self.caller(t.auth())?))
+                let who = t.auth().who(self.caller(t.auth())?);
+                Ok::<_, LockError>(match &self.certificate {
+                    Some(subject) => format!("{who}, certificate {subject:?}"),
+                    None => who,
+                })
             })
             .await?)
     }
@@ -859,9 +894,17 @@ impl LockService {
             Err(_) if enable && self.consensus.read_local(|t| t.auth().enabled()).await => None,
             caller => caller?,
         };
+        let change = match &self.certificate {
+            Some(subject) => Command::AuthWithCertificate {
+                change,
+                at_unix_ms,
+                subject: subject.to_string(),
+            },
+            None => Command::Auth { change, at_unix_ms },
+        };
         let command = Command::As {
             token,
-            command: Box::new(Command::Auth { change, at_unix_ms }),
+            command: Box::new(change),
         };
         self.measured("auth", async move {
             match self.propose(command).await? {
@@ -1049,7 +1092,7 @@ fn validate_prefix(prefix: &str) -> Result<(), ApiError> {
 
 /// A subscription to lock events under a prefix.
 pub struct Watch {
-    rx: broadcast::Receiver<Event>,
+    rx: broadcast::Receiver<Stamped>,
     prefix: String,
     access: Access,
     service: LockService,
@@ -1069,6 +1112,9 @@ pub struct WatchEvent {
     pub lease: LeaseId,
     /// Its holder's name.
     pub holder: String,
+    /// When the node answering applied it, in Unix milliseconds on its
+    /// wall clock.
+    pub at_unix_ms: u64,
     /// With `checkpoint`: the bytes saved.
     #[serde(skip)]
     pub data: Option<Vec<u8>>,
@@ -1082,7 +1128,7 @@ impl Watch {
     /// events were dropped) or the server is stopping.
     pub async fn next(&mut self) -> Result<WatchEvent, ApiError> {
         loop {
-            let event = match self.rx.recv().await {
+            let stamped = match self.rx.recv().await {
                 Ok(e) => e,
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     return Err(ApiError::Internal(format!(
@@ -1093,69 +1139,79 @@ impl Watch {
                     return Err(ConsensusError::Stopped("server stopping".into()).into())
                 }
             };
-            let mut data = None;
-            let (kind, key, fence, lease, holder) = match event {
-                Event::CheckpointSaved {
-                    key,
-                    fence,
-                    lease,
-                    holder,
-                    data: saved,
-                } => {
-                    data = Some(saved.to_vec());
-                    ("checkpoint", key, fence, lease, holder)
-                }
-                Event::Acquired {
-                    key,
-                    fence,
-                    lease,
-                    holder,
-                    ..
-                } => ("acquired", key, fence, lease, holder),
-                Event::Released {
-                    key,
-                    fence,
-                    lease,
-                    holder,
-                } => ("released", key, fence, lease, holder),
-                Event::Expired {
-                    key,
-                    fence,
-                    lease,
-                    holder,
-                } => ("expired", key, fence, lease, holder),
-                Event::AuthChanged { .. } => {
-                    // The token may be gone, or its role changed.
-                    let service = &self.service;
-                    self.access = service
-                        .consensus
-                        .read_local(|t| service.access(t.auth()))
-                        .await?;
-                    continue;
-                }
-                _ => continue,
-            };
-            let visible = match &self.access {
-                Access::All => true,
-                Access::Role(role) => role.permission(&key) >= Permission::Read,
-            };
-            if visible && key.starts_with(&self.prefix) {
-                use base64::Engine;
-                let data_base64 = data
-                    .as_ref()
-                    .map(|d| base64::engine::general_purpose::STANDARD.encode(d));
-                return Ok(WatchEvent {
-                    kind,
-                    key: key.to_string(),
-                    fence,
-                    lease,
-                    holder: holder.to_string(),
-                    data,
-                    data_base64,
-                });
+            if let Event::AuthChanged { .. } = stamped.event {
+                // The token may be gone, or its role changed.
+                let service = &self.service;
+                self.access = service
+                    .consensus
+                    .read_local(|t| service.access(t.auth()))
+                    .await?;
+                continue;
+            }
+            if let Some(event) = watch_event(stamped, &self.prefix, &self.access) {
+                return Ok(event);
             }
         }
     }
+}
+
+/// What a watcher with `access` to keys under `prefix` sees of an event:
+/// nothing unless it is a lock event on such a key.
+fn watch_event(stamped: Stamped, prefix: &str, access: &Access) -> Option<WatchEvent> {
+    let mut data = None;
+    let (kind, key, fence, lease, holder) = match stamped.event {
+        Event::CheckpointSaved {
+            key,
+            fence,
+            lease,
+            holder,
+            data: saved,
+        } => {
+            data = Some(saved.to_vec());
+            ("checkpoint", key, fence, lease, holder)
+        }
+        Event::Acquired {
+            key,
+            fence,
+            lease,
+            holder,
+            ..
+        } => ("acquired", key, fence, lease, holder),
+        Event::Released {
+            key,
+            fence,
+            lease,
+            holder,
+        } => ("released", key, fence, lease, holder),
+        Event::Expired {
+            key,
+            fence,
+            lease,
+            holder,
+        } => ("expired", key, fence, lease, holder),
+        _ => return None,
+    };
+    let visible = match access {
+        Access::All => true,
+        Access::Role(role) => role.permission(&key) >= Permission::Read,
+    };
+    if !visible || !key.starts_with(prefix) {
+        return None;
+    }
+    use base64::Engine;
+    let data_base64 = data
+        .as_ref()
+        .map(|d| base64::engine::general_purpose::STANDARD.encode(d));
+    Some(WatchEvent {
+        kind,
+        key: key.to_string(),
+        fence,
+        lease,
+        holder: holder.to_string(),
+        at_unix_ms: stamped.at_unix_ms,
+        data,
+        data_base64,
+    })
 }
 
 /// Withdraws a wait when the waiting call is dropped before it saw an outcome.

@@ -211,6 +211,7 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
                 prefix: String::new(),
                 limit: 1,
                 start_after: "k".repeat(600),
+                held_only: false,
             })
             .await
             .map(drop),
@@ -223,6 +224,7 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
                 prefix: "p".repeat(600),
                 limit: 1,
                 start_after: String::new(),
+                held_only: false,
             })
             .await
             .map(drop),
@@ -230,6 +232,22 @@ async fn grpc_rejects_bad_input_with_typed_errors() {
             "invalid_argument",
         ),
     ];
+    // Refused by tonic before the call reaches us: still with its code.
+    let oversized = c
+        .save_checkpoint(pb::SaveCheckpointRequest {
+            key: "held".into(),
+            fence,
+            data: vec![0; 5 << 20],
+        })
+        .await
+        .map(drop);
+    let mut cases = cases;
+    cases.push((
+        "a message over the size limit",
+        oversized,
+        Code::OutOfRange,
+        "invalid_argument",
+    ));
     for (what, result, grpc_code, wire_code) in cases {
         let err = result.expect_err(what);
         assert_eq!(err.code(), grpc_code, "{what}: {err:?}");
@@ -423,7 +441,58 @@ async fn http_rejects_bad_input_with_typed_errors() {
             "{what}: {body}"
         );
     }
+    // Requests hyper refuses before any route sees them still get the
+    // JSON error body.
+    for encoding in ["xchunked", "chunked, identity"] {
+        let request = format!(
+            "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: {encoding}\r\n\r\n0\r\n\r\n"
+        );
+        let (status, body) = raw_http(&server.addr, &request);
+        assert_eq!(status, 400, "Transfer-Encoding: {encoding}");
+        assert_eq!(
+            body["error"]["code"], "invalid_argument",
+            "{encoding}: {body}"
+        );
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Transfer-Encoding")),
+            "{body}"
+        );
+    }
+    let huge = format!(
+        "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(600 * 1024)
+    );
+    let (status, body) = raw_http(&server.addr, &huge);
+    assert_eq!(status, 431);
+    assert_eq!(body["error"]["code"], "invalid_argument", "{body}");
     assert_eq!(state(&server).await, before, "bad input changed state");
+}
+
+/// Sends `request` as it is and reads the answer to the end (the server
+/// closes a connection whose request it could not parse): the status and
+/// the JSON body (`Null` if it is not JSON).
+fn raw_http(addr: &str, request: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    // The server may answer and close before it reads everything.
+    let _ = s.write_all(request.as_bytes());
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    (status, body)
 }
 
 #[tokio::test]

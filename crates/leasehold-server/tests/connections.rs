@@ -84,6 +84,20 @@ fn idle_and_slow_connections_are_closed() {
         .collect();
     let mut framed = TcpStream::connect(&server.addr).unwrap();
     framed.write_all(leasehold_proto::frame::PREAMBLE).unwrap();
+    // HTTP/2 that sent only its preface, and HTTP/2 that opened a stream
+    // and sent part of its headers: no call in flight, so both go at the
+    // idle timeout, not at the next ping 20-30 s later.
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut h2_preface = TcpStream::connect(&server.addr).unwrap();
+    h2_preface.write_all(PREFACE).unwrap();
+    let mut h2_partial = TcpStream::connect(&server.addr).unwrap();
+    h2_partial.write_all(PREFACE).unwrap();
+    // An empty SETTINGS frame, then a HEADERS frame on stream 1 without
+    // END_HEADERS, whose CONTINUATION never comes.
+    h2_partial.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    h2_partial
+        .write_all(&[0, 0, 1, 1, 0, 0, 0, 0, 1, 0x82])
+        .unwrap();
     let mut kept = TcpStream::connect(&server.addr).unwrap();
     kept.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
@@ -103,6 +117,14 @@ fn idle_and_slow_connections_are_closed() {
     assert!(
         closed_within(&mut framed, Duration::from_secs(5)),
         "an idle framed connection stayed open"
+    );
+    assert!(
+        closed_within(&mut h2_preface, Duration::from_secs(5)),
+        "an HTTP/2 connection that sent only its preface stayed open"
+    );
+    assert!(
+        closed_within(&mut h2_partial, Duration::from_secs(5)),
+        "an HTTP/2 connection with a partial request stayed open"
     );
     assert!(
         closed_within(&mut kept, Duration::from_secs(5)),

@@ -73,6 +73,7 @@ async fn acknowledged_grants_survive(server: &mut Leaseholdd, round: &str) {
             prefix: format!("{round}/"),
             limit: 0,
             start_after: String::new(),
+            held_only: false,
         })
         .await
         .unwrap()

@@ -555,6 +555,7 @@ async fn lists_page_with_a_cursor() {
             prefix: "jobs/".into(),
             limit: 0,
             start_after: "jobs/20".into(),
+            held_only: false,
         })
         .await
         .unwrap()
@@ -779,4 +780,132 @@ async fn lock_sets_over_http() {
         let (s, body) = post(&server, "/v1/acquire", bad.clone()).await;
         assert_eq!(s, 400, "{bad}: {body}");
     }
+}
+
+/// What the dashboard reads: the node's recent events with its own time,
+/// keys that are held (not those that only keep a checkpoint), and the
+/// keys a lease is queued for.
+#[tokio::test]
+async fn recent_events_held_keys_and_waits_over_http() {
+    let server = Leaseholdd::start();
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let started = now_ms();
+    let (_, kept) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "d/kept", "ttl_ms": 60_000}),
+    )
+    .await;
+    let fence = kept["fence"].as_u64().expect("fence");
+    let (status, _) = post(
+        &server,
+        "/v1/checkpoint",
+        json!({"key": "d/kept", "fence": fence, "data": "step 3"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = post(
+        &server,
+        "/v1/release",
+        json!({"key": "d/kept", "fence": fence}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, held) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "d/held", "ttl_ms": 60_000}),
+    )
+    .await;
+    let (_, other) = post(
+        &server,
+        "/v1/acquire",
+        json!({"key": "x/other", "ttl_ms": 60_000}),
+    )
+    .await;
+    assert!(other["fence"].is_u64(), "{other}");
+
+    let (_, events) = get(&server, "/v1/events?prefix=d/").await;
+    let seen: Vec<(&str, &str)> = events["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), e["key"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("acquired", "d/kept"),
+            ("checkpoint", "d/kept"),
+            ("released", "d/kept"),
+            ("acquired", "d/held"),
+        ],
+        "{events}"
+    );
+    for e in events["events"].as_array().unwrap() {
+        let at = e["at_unix_ms"].as_u64().expect("at_unix_ms");
+        assert!(
+            at >= started.saturating_sub(1_000) && at <= now_ms() + 1_000,
+            "{e}"
+        );
+    }
+    assert_eq!(events["events"][3]["fence"], held["fence"]);
+
+    let keys = |body: &Value| -> Vec<String> {
+        body["locks"]
+            .as_array()
+            .expect("locks")
+            .iter()
+            .map(|l| l["key"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, all) = get(&server, "/v1/locks?prefix=d/").await;
+    assert_eq!(keys(&all), ["d/held", "d/kept"]);
+    let (_, only_held) = get(&server, "/v1/locks?prefix=d/&held=true").await;
+    assert_eq!(keys(&only_held), ["d/held"]);
+
+    // A second lease queued for d/held shows what it waits for.
+    let (_, lease) = post(
+        &server,
+        "/v1/leases",
+        json!({"ttl_ms": 60_000, "holder": "waiter"}),
+    )
+    .await;
+    let waiter = lease["lease"].as_u64().expect("lease");
+    let url = server.url();
+    let queued = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("{url}/v1/acquire"))
+            .json(&json!({"key": "d/held", "lease": waiter, "wait_ms": 30_000}))
+            .send()
+            .await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, described) = get(&server, &format!("/v1/leases/{waiter}")).await;
+        if described["waiting_for"] == json!(["d/held"]) {
+            assert_eq!(described["waiting_count"], 1);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{described}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, listed) = get(&server, "/v1/leases").await;
+    let row = listed["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lease"] == waiter)
+        .cloned()
+        .expect("the waiting lease");
+    assert_eq!(row["waiting_for"], json!(["d/held"]), "{row}");
+    queued.abort();
+
+    let (_, health) = get(&server, "/health").await;
+    assert_eq!(health["leader_url"], json!(server.url()), "{health}");
 }

@@ -164,6 +164,41 @@ async fn client_certificates_when_the_server_asks() {
         };
         assert!(refused.is_some(), "{tls:?} was let in");
     }
+
+    // A change made with a client certificate names its subject in the
+    // replicated audit trail, not `anonymous`.
+    let pem = |p: &Path| std::fs::read(p).unwrap();
+    let mut identity = pem(&worker.cert);
+    identity.extend(pem(&worker.key));
+    let http = reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem(&ca.cert)).unwrap())
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
+        .build()
+        .unwrap();
+    let base = format!("https://{}", server.addr);
+    let enabled: serde_json::Value = http
+        .post(format!("{base}/v1/auth/enable"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let root = enabled["token"].as_str().expect("root token");
+    let auth: serde_json::Value = http
+        .get(format!("{base}/v1/auth"))
+        .bearer_auth(root)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        auth["audit"][0]["who"], r#"certificate "CN=worker""#,
+        "{auth}"
+    );
 }
 
 #[tokio::test]

@@ -223,7 +223,9 @@ class _Observer:
 
     def _event(self, kind: str, event: Dict[str, Any]) -> Any:
         if kind == "error":
-            raise errors.Unavailable(f"watch ended: {event}")
+            # The same JSON body as any other refusal: its own error type
+            # (a revoked token is Unauthenticated, not a network problem).
+            raise errors.from_body(0, event)
         if event.get("key") != self.name:
             return _NOTHING
         fence = int(event.get("fence", 0))

@@ -145,6 +145,40 @@ impl From<ApiError> for tonic::Status {
     }
 }
 
+/// The `leasehold-code` of a gRPC status that tonic made itself, before a
+/// call reached us (a message over the size limit, one that does not
+/// decode): every refusal carries a code.
+fn code_of(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::InvalidArgument | tonic::Code::OutOfRange => "invalid_argument",
+        tonic::Code::Unimplemented => "not_found",
+        tonic::Code::Unauthenticated => "unauthenticated",
+        tonic::Code::PermissionDenied => "permission_denied",
+        tonic::Code::Unavailable => "unavailable",
+        _ => "internal",
+    }
+}
+
+/// Adds `leasehold-code` to a gRPC response that failed without one
+/// (a status in the headers: tonic's answer to a request it refused).
+pub async fn with_code(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    let code = headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(tonic::Code::from);
+    if let Some(code) = code.filter(|c| *c != tonic::Code::Ok) {
+        if !headers.contains_key("leasehold-code") {
+            headers.insert(
+                "leasehold-code",
+                axum::http::HeaderValue::from_static(code_of(code)),
+            );
+        }
+    }
+    response
+}
+
 tokio::task_local! {
     /// `http` or `https`: how clients reach the nodes, for a `leader_url`.
     /// Set around each HTTP request (`http::router`); `http` outside one.
@@ -156,19 +190,29 @@ tokio::task_local! {
 #[derive(Debug, Clone)]
 pub struct LeaderUrl(pub String);
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let leader_url = match &self {
+/// `http` or `https` for the request being served ([`SCHEME`]).
+pub fn scheme() -> &'static str {
+    SCHEME.try_with(|s| *s).unwrap_or("http")
+}
+
+impl ApiError {
+    /// The leader's URL a `not_leader` names, scheme included.
+    fn leader_url(&self) -> Option<String> {
+        match self {
             ApiError::Consensus(ConsensusError::NotLeader { leader: Some(l) }) => {
-                let scheme = SCHEME.try_with(|s| *s).unwrap_or("http");
-                Some(format!("{scheme}://{l}"))
+                Some(format!("{}://{l}", scheme()))
             }
             _ => None,
-        };
+        }
+    }
+
+    /// The JSON body of this error: `{"error": {"code", "message", ...}}`,
+    /// on an HTTP response or an SSE `error` event.
+    pub fn body(&self) -> serde_json::Value {
         let mut body = serde_json::Map::new();
         body.insert("code".into(), json!(self.code()));
         body.insert("message".into(), json!(self.to_string()));
-        for (name, value) in details(&self) {
+        for (name, value) in details(self) {
             let name = name.replace('-', "_");
             // Names (a key, a holder) stay strings even when they look like numbers.
             let text = matches!(name.as_str(), "key" | "holder" | "needed" | "leader");
@@ -178,12 +222,17 @@ impl IntoResponse for ApiError {
             };
             body.insert(name, v);
         }
-        if let Some(url) = &leader_url {
+        if let Some(url) = self.leader_url() {
             body.insert("leader_url".into(), json!(url));
         }
-        let mut response =
-            (http_status(&self), axum::Json(json!({ "error": body }))).into_response();
-        if let Some(url) = leader_url {
+        json!({ "error": body })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (http_status(&self), axum::Json(self.body())).into_response();
+        if let Some(url) = self.leader_url() {
             response.extensions_mut().insert(LeaderUrl(url));
         }
         response

@@ -94,6 +94,8 @@ fn lease_info(v: LeaseView) -> pb::LeaseInfo {
         ttl_left_ms: v.ttl_left_ms,
         keys: v.keys,
         key_count: v.key_count as u64,
+        waiting_for: v.waiting_for,
+        waiting_count: v.waiting_count as u64,
     }
 }
 
@@ -116,6 +118,7 @@ impl Grpc {
                 .metadata()
                 .get("authorization")
                 .map(|v| v.to_str().ok()),
+            request.extensions().get(),
             request.extensions().get(),
         )?;
         Ok((service, request.into_inner()))
@@ -188,7 +191,12 @@ impl Leasehold for Grpc {
     ) -> Result<Response<pb::ListLocksResponse>, Status> {
         let (s, r) = self.caller(request)?;
         let page = s
-            .locks(&r.prefix, Some(r.start_after.as_str()), r.limit as usize)
+            .locks(
+                &r.prefix,
+                Some(r.start_after.as_str()),
+                r.limit as usize,
+                r.held_only,
+            )
             .await?;
         Ok(Response::new(pb::ListLocksResponse {
             locks: page

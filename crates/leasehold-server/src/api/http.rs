@@ -11,9 +11,10 @@
 //! | `POST /v1/acquire`               | acquire `{key, lease or ttl_ms, wait_ms, …}` |
 //! | `POST /v1/release`               | release `{key, fence}`                       |
 //! | `POST /v1/checkpoint`            | save `{key, fence, data}`                    |
-//! | `GET /v1/locks[?prefix=]`        | list locks                                   |
+//! | `GET /v1/locks[?prefix=&held=]`  | list locks (`held=true`: held or waited for) |
 //! | `GET /v1/locks/KEY`              | describe one lock (KEY may contain `/`)      |
 //! | `GET /v1/watch[?prefix=]`        | server-sent events: acquired/released/expired|
+//! | `GET /v1/events[?prefix=]`       | the node's last 200 lock events              |
 //! | `GET /v1/cluster`                | members, roles, term, leader, lag            |
 //! | `POST /v1/cluster/members`       | add `{id, addr}`: learner, caught up, voter  |
 //! | `DELETE /v1/cluster/members/ID`  | remove a member                              |
@@ -104,6 +105,7 @@ impl FromRequestParts<LockService> for Caller {
                 .get(axum::http::header::AUTHORIZATION)
                 .map(|v| v.to_str().ok()),
             parts.extensions.get(),
+            parts.extensions.get(),
         )?;
         Ok(Caller(service))
     }
@@ -137,7 +139,10 @@ pub fn is_grpc(request: &Request) -> bool {
 /// call of a method this server does not have.
 pub async fn not_found(request: Request) -> Response {
     if is_grpc(&request) {
-        let status = tonic::Status::unimplemented(format!("no method {}", request.uri().path()));
+        let status = tonic::Status::from(ApiError::NotFound(format!(
+            "no method {}",
+            request.uri().path()
+        )));
         return status.into_http().map(axum::body::Body::new);
     }
     ApiError::NotFound(format!(
@@ -208,6 +213,7 @@ pub fn router(service: LockService, scheme: &'static str) -> Router {
         .route("/v1/locks", get(list_locks))
         .route("/v1/locks/*key", get(describe_lock))
         .route("/v1/watch", get(watch))
+        .route("/v1/events", get(recent_events))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/auth", get(auth_state))
         .route("/v1/auth/enable", post(enable_auth))
@@ -252,6 +258,7 @@ async fn health(State(s): State<LockService>) -> (axum::http::StatusCode, Json<V
         "role": cluster.role,
         "term": cluster.term,
         "leader_id": cluster.leader,
+        "leader_url": cluster.leader_addr.as_ref().map(|addr| format!("{}://{addr}", super::error::scheme())),
         "leader_addr": cluster.leader_addr,
         "last_applied": c.last_applied(),
         "commit_index": cluster.commit_index,
@@ -496,11 +503,14 @@ struct ListQuery {
     limit: usize,
     #[serde(default)]
     start_after: String,
+    /// Only keys held or waited for.
+    #[serde(default)]
+    held: bool,
 }
 
 async fn list_locks(Caller(s): Caller, Query(q): Query<ListQuery>) -> Result<Json<Value>> {
     let page = s
-        .locks(&q.prefix, Some(q.start_after.as_str()), q.limit)
+        .locks(&q.prefix, Some(q.start_after.as_str()), q.limit, q.held)
         .await?;
     Ok(Json(
         json!({ "locks": page.items, "next_start_after": page.next }),
@@ -548,11 +558,21 @@ async fn watch(
                 SseEvent::default().event(e.kind).data(json!(e).to_string()),
                 Some(watch),
             ),
-            Err(e) => (SseEvent::default().event("error").data(e.to_string()), None),
+            // The same JSON body as any other error.
+            Err(e) => (
+                SseEvent::default()
+                    .event("error")
+                    .data(e.body().to_string()),
+                None,
+            ),
         };
         Some((Ok(event), next))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+async fn recent_events(Caller(s): Caller, Query(q): Query<WatchQuery>) -> Result<Json<Value>> {
+    Ok(Json(json!({ "events": s.recent_events(&q.prefix).await? })))
 }
 
 async fn cluster_status(Caller(s): Caller) -> Result<Json<Value>> {

@@ -22,7 +22,8 @@ use crate::service::LockService;
 pub fn router(service: LockService, peer_certificates: bool, scheme: &'static str) -> axum::Router {
     let grpc = tonic::service::Routes::new(grpc::server(service.clone()))
         .add_service(service.consensus().peer_service(peer_certificates))
-        .into_axum_router();
+        .into_axum_router()
+        .layer(axum::middleware::map_response(error::with_code));
     http::router(service, scheme)
         .merge(grpc)
         .fallback(http::not_found)
@@ -31,11 +32,13 @@ pub fn router(service: LockService, peer_certificates: bool, scheme: &'static st
 /// The service for one call: acting for the token of its `authorization`
 /// value (`Bearer <token>`, the scheme in any case; `None` if it has no
 /// such header, and `Some(None)` if the value is not text), for a caller on
-/// this machine or not (`Local`, if the connection said).
+/// this machine or not (`Local`, if the connection said), who showed a
+/// client certificate with this subject or none.
 fn caller_service(
     service: &LockService,
     authorization: Option<Option<&str>>,
     local: Option<&crate::conn::Local>,
+    certificate: Option<&crate::tls::ClientSubject>,
 ) -> Result<LockService, crate::service::ApiError> {
     let bearer = match authorization {
         None => None,
@@ -46,7 +49,10 @@ fn caller_service(
         })?),
     };
     let local = local.is_some_and(|l| l.0);
-    Ok(service.from_local(local).with_bearer(bearer))
+    Ok(service
+        .from_local(local)
+        .with_bearer(bearer)
+        .with_certificate(certificate.map(|c| c.0.clone())))
 }
 
 fn bearer(value: &str) -> Option<&str> {

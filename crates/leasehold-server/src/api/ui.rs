@@ -1,8 +1,10 @@
 //! The dashboard at `/ui`: one page, its script and its style, built into
 //! the binary (no CDN, nothing fetched from elsewhere). The page reads the
-//! HTTP API like any client: `/health`, `/v1/cluster`, `/v1/locks` and
-//! `/v1/leases` a page at a time (100 entries, with their cursors), and
-//! `/v1/watch` for events as they happen.
+//! HTTP API like any client: `/health` (on a follower, a link to the
+//! leader's own `/ui` at its `leader_url`), `/v1/cluster`, `/v1/locks`
+//! (`held=true` unless free keys are asked for) and `/v1/leases` a page at
+//! a time (100 entries, with their cursors), `/v1/events` for the node's
+//! recent history, and `/v1/watch` for events as they happen.
 
 use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
 use axum::response::IntoResponse;

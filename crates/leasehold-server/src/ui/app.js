@@ -1,15 +1,28 @@
 // The Leasehold dashboard: reads the node's HTTP API (/health, /v1/cluster,
-// /v1/locks, /v1/leases) and streams /v1/watch. Keys and holders are shown
-// as text, never parsed as HTML. With auth on, every call carries the token
-// entered once (kept for this browser tab only, in sessionStorage).
+// /v1/locks, /v1/leases), fills the events pane with the node's recent
+// history (/v1/events) and then follows /v1/watch. Keys and holders are
+// shown as text, never parsed as HTML. With auth on, every call carries the
+// token entered once (kept for this browser tab only, in sessionStorage).
+//
+// A follower serves no lock or lease list: the page says so and links to
+// the leader's own dashboard (a link, not a fetch: the page's CSP allows
+// calls to this origin only). Its events pane still works, since followers
+// apply the same events.
 "use strict";
 
 const PAGE = 100;
 const REFRESH_MS = 2000;
+// The node keeps its last 200 lock events; the pane shows as many.
 const MAX_EVENTS = 200;
+// A member further behind than one append's worth of entries (the server's
+// CAUGHT_UP_LAG) is lagging.
+const LAGGING = 64;
+const KINDS = ["acquired", "released", "expired", "checkpoint"];
 
 const state = {
   prefix: "",
+  // Only keys with a holder or a waiter, unless "show free keys" is ticked.
+  showFree: false,
   // The cursor of each page shown so far: "" for the first.
   cursors: [""],
   next: null,
@@ -18,6 +31,14 @@ const state = {
   watch: null,
   timer: null,
   token: sessionStorage.getItem("leasehold-token") || "",
+  // Where the leader is, as /health last said (`http://host:port`).
+  leaderUrl: null,
+  // The events shown (see `eventId`), so history and stream never show
+  // one twice.
+  shown: new Set(),
+  // Bumped whenever the events pane starts afresh: answers for an earlier
+  // prefix or token are dropped.
+  epoch: 0,
 };
 
 function headers(accept) {
@@ -41,19 +62,34 @@ function row(cells) {
   return tr;
 }
 
-function fill(table, rows, empty, columns) {
-  const body = $(table).tBodies[0];
-  body.replaceChildren(...rows);
-  if (rows.length === 0) {
-    const tr = row([cell(empty)]);
-    tr.className = "empty";
-    tr.firstChild.colSpan = columns;
-    body.appendChild(tr);
-  }
+// One row across the table, for "nothing here" and its like.
+function only(table, columns, ...content) {
+  const td = document.createElement("td");
+  td.colSpan = columns;
+  td.append(...content);
+  const tr = row([td]);
+  tr.className = "empty";
+  $(table).tBodies[0].replaceChildren(tr);
 }
 
-function seconds(ms) {
-  return ms === undefined || ms === null ? "" : (ms / 1000).toFixed(1) + " s";
+function fill(table, rows, empty, columns) {
+  if (rows.length === 0) return only(table, columns, empty);
+  $(table).tBodies[0].replaceChildren(...rows);
+}
+
+const pad = (n) => String(n).padStart(2, "0");
+
+// A duration as people write it, rounded down: 850ms, 4.2s, 42s, 9m58s,
+// 1h02m, 2d03h.
+function duration(ms) {
+  if (typeof ms !== "number" || !(ms >= 0)) return "";
+  if (ms < 1000) return Math.floor(ms) + "ms";
+  if (ms < 10_000) return (Math.floor(ms / 100) / 10).toFixed(1) + "s";
+  const s = Math.floor(ms / 1000);
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m" + pad(s % 60) + "s";
+  if (s < 86_400) return Math.floor(s / 3600) + "h" + pad(Math.floor(s / 60) % 60) + "m";
+  return Math.floor(s / 86_400) + "d" + pad(Math.floor(s / 3600) % 24) + "h";
 }
 
 async function get(path) {
@@ -82,9 +118,63 @@ function notice(text) {
   n.textContent = text || "";
 }
 
+// A link to the dashboard of the leader at `leaderUrl`, or null for
+// anything but an http(s) URL.
+function dashboardLink(leaderUrl) {
+  let url;
+  try {
+    url = new URL("/ui", leaderUrl);
+  } catch (_) {
+    return null;
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") return null;
+  const a = document.createElement("a");
+  a.href = url.href;
+  a.textContent = url.href;
+  return a;
+}
+
+// What a follower's lock and lease tables say instead of rows.
+function servedByLeader(table, columns, leaderUrl) {
+  const link = leaderUrl && dashboardLink(leaderUrl);
+  if (link) only(table, columns, "served by the leader: ", link);
+  else only(table, columns, "served by the leader; no leader is known now");
+}
+
+function showRole(h) {
+  const box = $("follower");
+  // A leader whose clock is not armed yet still says role "leader".
+  const follows = h.leader === false && h.role !== "leader";
+  const said = follows ? h.role + " " + (h.leader_url || "") : "";
+  // Unchanged: keep the link as it is (under the pointer, say).
+  if (box.dataset.said === said) return;
+  box.dataset.said = said;
+  if (!follows) {
+    box.hidden = true;
+    box.replaceChildren();
+    return;
+  }
+  const link = h.leader_url && dashboardLink(h.leader_url);
+  if (link) {
+    box.replaceChildren("This node is a " + h.role + ": the leader's dashboard is at ", link, ".");
+  } else {
+    box.replaceChildren(
+      "This node is a " + h.role + " and knows no leader now: locks and leases are served by the leader only.",
+    );
+  }
+  box.hidden = false;
+}
+
+function reachable(value) {
+  if (value === true) return "yes";
+  if (value === false) return "no";
+  return "";
+}
+
 async function refreshNode() {
   try {
     const h = await get("/health");
+    state.leaderUrl = h.leader_url || null;
     const node = $("node");
     node.replaceChildren();
     const parts = [
@@ -99,71 +189,120 @@ async function refreshNode() {
       b.textContent = String(value);
       node.appendChild(b);
     }
+    showRole(h);
   } catch (e) {
     $("node").textContent = "not answering: " + e.message;
   }
   try {
     const c = await get("/v1/cluster");
-    const rows = c.members.map((m) =>
-      row([
+    const rows = c.members.map((m) => {
+      const tr = row([
         cell(m.id),
         cell(m.addr),
         cell(m.id === c.leader ? "leader" : m.voter ? "voter" : "learner"),
         cell(m.matched_index, "n"),
         cell(m.lag, "n"),
-      ]),
-    );
-    fill("cluster", rows, "no members", 5);
+        cell(reachable(m.reachable)),
+        cell(duration(m.last_heard_ms), "n"),
+      ]);
+      if (m.reachable === false) tr.className = "unreachable";
+      else if (typeof m.lag === "number" && m.lag > LAGGING) tr.className = "lagging";
+      return tr;
+    });
+    fill("cluster", rows, "no members", 7);
+    $("quorum").hidden = c.quorum !== false;
   } catch (_) {
     // /health already says the node does not answer.
   }
 }
 
+const who = (h) => h.holder || "lease " + h.lease;
+
 // "2: a, b", the queue first in line first (at most three names).
 function waiting(waiters) {
   if (waiters.length === 0) return "0";
-  const names = waiters.slice(0, 3).map((w) => w.holder || "lease " + w.lease);
+  const names = waiters.slice(0, 3).map(who);
   return waiters.length + ": " + names.join(", ") + (waiters.length > 3 ? ", …" : "");
 }
 
-// After the first holder's name: how many more hold, and how: " +2 readers",
-// " +1 (2/5 permits)".
-function holding(l) {
-  const more = (l.holders || []).length - 1;
-  if (l.permits) return " (" + l.holders.length + "/" + l.permits + " permits)";
-  if (more > 0) return " +" + more + (l.holder.mode === "shared" ? " readers" : "");
-  return l.holder && l.holder.mode === "shared" ? " (reader)" : "";
+// The Holder cell: one name for a lock or a writer; for a semaphore or
+// several readers, how many hold and then every holder on its own line.
+function holderCell(l, holders) {
+  const td = document.createElement("td");
+  if (holders.length === 0) {
+    const notes = ["(free)"];
+    if (l.has_checkpoint) notes.push("checkpoint saved");
+    if (l.delay_left_ms > 0) notes.push("lock-delay " + duration(l.delay_left_ms));
+    td.textContent = notes.join(" · ");
+    td.className = "free";
+    return td;
+  }
+  if (holders.length === 1 && !l.permits) {
+    td.textContent = who(holders[0]) + (holders[0].mode === "shared" ? " (reader)" : "");
+    return td;
+  }
+  const lines = [l.permits ? holders.length + "/" + l.permits + " permits" : holders.length + " readers"];
+  for (const h of holders) lines.push(who(h) + " (fence " + h.fence + ")");
+  td.append(
+    ...lines.map((text) => {
+      const div = document.createElement("div");
+      div.textContent = text;
+      return div;
+    }),
+  );
+  td.className = "holders";
+  return td;
+}
+
+function lockRow(l) {
+  const holders = l.holders && l.holders.length ? l.holders : l.holder ? [l.holder] : [];
+  const sole = holders.length === 1 && !l.permits ? holders[0] : null;
+  // The soonest expiry among the holders.
+  const left = holders.length ? Math.min(...holders.map((h) => h.ttl_left_ms)) : null;
+  return row([
+    cell(l.key, "key"),
+    holderCell(l, holders),
+    cell(sole ? sole.fence : "", "n"),
+    cell(duration(left), "n"),
+    cell(waiting(l.waiters || []), "n"),
+    cell(sole ? sole.lease : ""),
+  ]);
 }
 
 async function refreshLocks() {
   const after = state.cursors[state.cursors.length - 1];
   const query = new URLSearchParams({ prefix: state.prefix, limit: String(PAGE), start_after: after });
+  if (!state.showFree) query.set("held", "true");
   try {
     const page = await get("/v1/locks?" + query);
     notice("");
     state.next = page.next_start_after || null;
-    const rows = page.locks.map((l) => {
-      const h = l.holder;
-      return row([
-        cell(l.key, "key"),
-        cell(h ? h.holder + holding(l) : "(free)"),
-        cell(h ? h.fence : "", "n"),
-        cell(h ? seconds(h.ttl_left_ms) : "", "n"),
-        cell(waiting(l.waiters), "n"),
-        cell(h ? h.lease : ""),
-      ]);
-    });
-    fill("locks", rows, state.prefix ? "no lock under " + state.prefix : "no lock held", 6);
+    const what = state.showFree ? "no key" : "no lock held";
+    fill("locks", page.locks.map(lockRow), state.prefix ? what + " under " + state.prefix : what, 6);
     $("lock-count").textContent =
       page.locks.length + (state.next ? "+ on this page" : " on this page");
     $("page").textContent = "page " + state.cursors.length;
   } catch (e) {
-    const leader = e.error && e.error.leader;
-    notice(leader ? "This node follows; the leader is " + leader + " (its /ui shows the locks)." : e.message);
     state.next = null;
+    if (e.error && e.error.code === "not_leader") {
+      notice("");
+      servedByLeader("locks", 6, e.error.leader_url || state.leaderUrl);
+      $("lock-count").textContent = "";
+      $("page").textContent = "";
+    } else {
+      notice(e.message);
+    }
   }
   $("next").disabled = !state.next;
   $("first").disabled = state.cursors.length === 1;
+}
+
+// The first key a lease waits for, and how many more.
+function waitingFor(l) {
+  const keys = l.waiting_for || [];
+  if (keys.length === 0) return "";
+  const count = Math.max(l.waiting_count || 0, keys.length);
+  return keys[0] + (count > 1 ? " +" + (count - 1) + " more" : "");
 }
 
 async function refreshLeases() {
@@ -176,64 +315,131 @@ async function refreshLeases() {
       row([
         cell(l.lease, "n"),
         cell(l.holder),
-        cell(seconds(l.ttl_ms), "n"),
-        cell(seconds(l.ttl_left_ms), "n"),
+        cell(duration(l.ttl_ms), "n"),
+        cell(duration(l.ttl_left_ms), "n"),
         cell(l.keys.slice(0, 5).join(", ") + (l.key_count > 5 ? " … (" + l.key_count + " keys)" : ""), "key"),
+        cell(waitingFor(l), "key"),
       ]),
     );
-    fill("leases", rows, "no lease", 5);
-  } catch (_) {
+    fill("leases", rows, "no lease", 6);
+  } catch (e) {
     state.leaseNext = null;
+    if (e.error && e.error.code === "not_leader") {
+      servedByLeader("leases", 6, e.error.leader_url || state.leaderUrl);
+    } else {
+      only("leases", 6, "could not list leases: " + e.message);
+    }
   }
   $("leases-next").disabled = !state.leaseNext;
   $("leases-first").disabled = state.leaseCursors.length === 1;
 }
 
-function addEvent(kind, data) {
-  let e;
-  try {
-    e = JSON.parse(data);
-  } catch (_) {
-    return;
-  }
+// What tells one event from another, in the history and in the stream.
+function eventId(e) {
+  return [e.kind, e.key, e.fence, e.lease, e.at_unix_ms, e.data_base64 || ""].join("|");
+}
+
+// Shows an event unless it is shown already, newest at the top, with the
+// server's time of it. `live`: it came from the stream, so the tables are
+// stale.
+function addEvent(e, live) {
+  if (!e || !KINDS.includes(e.kind)) return;
+  const id = eventId(e);
+  if (state.shown.has(id)) return;
+  state.shown.add(id);
+  const at = typeof e.at_unix_ms === "number" ? e.at_unix_ms : Date.now();
+  const time = cell(new Date(at).toLocaleTimeString(), "time");
+  time.title = new Date(at).toLocaleString();
   const tr = row([
-    cell(new Date().toLocaleTimeString()),
-    cell(kind, kind),
+    time,
+    cell(e.kind, e.kind),
     cell(e.key, "key"),
     cell(e.holder),
     cell(e.fence, "n"),
     cell(e.lease, "n"),
   ]);
+  tr.dataset.id = id;
+  tr.dataset.at = String(at);
   const body = $("events").tBodies[0];
   const empty = body.querySelector(".empty");
   if (empty) empty.remove();
-  body.insertBefore(tr, body.firstChild);
-  while (body.rows.length > MAX_EVENTS) body.deleteRow(body.rows.length - 1);
+  // Before the first row that is not newer: a later event of the same
+  // millisecond goes above an earlier one, as they arrive oldest first.
+  let before = null;
+  for (const r of body.rows) {
+    if (Number(r.dataset.at) <= at) {
+      before = r;
+      break;
+    }
+  }
+  body.insertBefore(tr, before);
+  while (body.rows.length > MAX_EVENTS) {
+    const last = body.rows[body.rows.length - 1];
+    state.shown.delete(last.dataset.id);
+    last.remove();
+  }
   // The lock table follows the events at once, not on the next tick.
-  schedule(50);
+  if (live) schedule(50);
+}
+
+// The node's recent events under `prefix`, merged into the pane. Called
+// once the stream is live, so nothing falls between the two.
+async function loadHistory(epoch, prefix) {
+  let answer;
+  try {
+    answer = await get("/v1/events?" + new URLSearchParams({ prefix }));
+  } catch (_) {
+    // The stream still shows what happens from now on.
+    return;
+  }
+  if (epoch !== state.epoch) return;
+  for (const e of answer.events || []) addEvent(e, false);
+  if ($("events").tBodies[0].querySelector(".empty")) {
+    only("events", 6, prefix ? "no event under " + prefix + " yet" : "no event yet");
+  }
+}
+
+// The message of a stream's `error` event: `{"error": {"message"}}`, or
+// plain text.
+function streamError(data) {
+  try {
+    const body = JSON.parse(data);
+    const message = body && ((body.error && body.error.message) || body.message);
+    if (message) return String(message);
+  } catch (_) {
+    // Not JSON: the text is the message.
+  }
+  return data || "the stream ended";
 }
 
 // Server-sent events over fetch (EventSource cannot send a token), parsed
-// here; reconnects a second after the stream ends.
+// here; reconnects a second after the stream ends, and merges the history
+// again then, for what passed while it was down.
 function watch() {
   if (state.watch) state.watch.abort();
   const stop = new AbortController();
   state.watch = stop;
-  const url = "/v1/watch?" + new URLSearchParams({ prefix: state.prefix });
+  const epoch = state.epoch;
+  const prefix = state.prefix;
+  let stopped = null;
   const again = () => {
     if (stop.signal.aborted) return;
-    $("stream").textContent = "reconnecting…";
+    $("stream").textContent = stopped ? "stopped: " + stopped + " · reconnecting…" : "reconnecting…";
     setTimeout(() => state.watch === stop && watch(), 1000);
   };
-  fetch(url, { headers: headers("text/event-stream"), signal: stop.signal })
+  fetch("/v1/watch?" + new URLSearchParams({ prefix }), {
+    headers: headers("text/event-stream"),
+    signal: stop.signal,
+  })
     .then(async (response) => {
       if (!response.ok || !response.body) return again();
       $("stream").textContent = "live";
+      loadHistory(epoch, prefix);
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       for (;;) {
         const { value, done } = await reader.read();
-        if (done) break;
+        if (done || stop.signal.aborted) break;
         buffer += value;
         let end;
         while ((end = buffer.indexOf("\n\n")) >= 0) {
@@ -245,12 +451,31 @@ function watch() {
             if (line.startsWith("event:")) kind = line.slice(6).trim();
             else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
           }
-          if (["acquired", "released", "expired"].includes(kind)) addEvent(kind, data.join("\n"));
+          if (kind === "error") {
+            stopped = streamError(data.join("\n"));
+            $("stream").textContent = "stopped: " + stopped;
+          } else if (KINDS.includes(kind)) {
+            let e;
+            try {
+              e = JSON.parse(data.join("\n"));
+            } catch (_) {
+              continue;
+            }
+            addEvent(Object.assign({ kind }, e), true);
+          }
         }
       }
       again();
     })
     .catch(again);
+}
+
+// Empties the events pane and fills it again: history, then the stream.
+function restartEvents() {
+  state.epoch += 1;
+  state.shown = new Set();
+  only("events", 6, "waiting for events");
+  watch();
 }
 
 let pending = false;
@@ -265,13 +490,14 @@ function schedule(ms) {
 
 function start() {
   $("token").value = state.token;
+  $("show-free").checked = state.showFree;
   $("auth").addEventListener("submit", (e) => {
     e.preventDefault();
     state.token = $("token").value.trim();
     if (state.token) sessionStorage.setItem("leasehold-token", state.token);
     else sessionStorage.removeItem("leasehold-token");
     notice("");
-    watch();
+    restartEvents();
     refreshNode();
     schedule(0);
   });
@@ -279,8 +505,13 @@ function start() {
     e.preventDefault();
     state.prefix = $("prefix").value;
     state.cursors = [""];
-    fill("events", [], "waiting for events", 6);
-    watch();
+    restartEvents();
+    refreshLocks();
+  });
+  $("show-free").addEventListener("change", () => {
+    state.showFree = $("show-free").checked;
+    // A cursor of one listing means nothing in the other.
+    state.cursors = [""];
     refreshLocks();
   });
   $("next").addEventListener("click", () => {
@@ -301,8 +532,7 @@ function start() {
     state.leaseCursors = [0];
     refreshLeases();
   });
-  fill("events", [], "waiting for events", 6);
-  watch();
+  restartEvents();
   refreshNode();
   refreshLocks();
   refreshLeases();

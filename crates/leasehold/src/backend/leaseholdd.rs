@@ -516,6 +516,7 @@ impl Backend for Leaseholdd {
             prefix: prefix.to_string(),
             limit: 0,
             start_after: String::new(),
+            held_only: false,
         };
         let call = |mut rpc: Rpc| {
             let request = request.clone();
