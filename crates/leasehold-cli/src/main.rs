@@ -124,7 +124,8 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Take KEY, print its fencing token, and hold it until interrupted.
+    /// Take KEY, print its fencing token, and hold it until interrupted
+    /// (then release it); exit 76 at once if the lock is lost.
     Acquire {
         /// The lock.
         key: String,

@@ -350,6 +350,7 @@ fn status_release_and_bad_input() {
     let mut holder = leasehold(&server)
         .args(["acquire", "jobs/report", "--ttl", "30s", "--json"])
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
@@ -365,6 +366,7 @@ fn status_release_and_bad_input() {
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows[0]["key"], "jobs/report");
     assert_eq!(rows[0]["fence"], fence);
+    assert!(rows[0]["lease"].as_u64().is_some(), "{rows}");
     let table = String::from_utf8(run(&server, &["status"]).stdout).unwrap();
     assert!(
         table.contains("jobs/report") && table.contains("HOLDER"),
@@ -403,10 +405,51 @@ fn status_release_and_bad_input() {
         "{bad:?}"
     );
 
-    // The holder learns at its own release that an operator released its lock.
+    // The holder learns at once that an operator released its lock: it
+    // says so and exits 76, as `run` does, without waiting for a signal.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let code = loop {
+        if let Some(status) = holder.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = holder.kill();
+            panic!("acquire did not notice its lock was released");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code, Some(76));
+    let mut err = String::new();
+    std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(err.contains("released"), "{err}");
+}
+
+/// Ctrl-C releases the lock and ends the session lease it hung off, so no
+/// lease is left to run out its TTL.
+#[test]
+fn acquire_ends_its_session_lease_on_ctrl_c() {
+    let server = Leaseholdd::start();
+    let mut holder = leasehold(&server)
+        .args(["acquire", "jobs/once", "--ttl", "60s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.trim().parse::<u64>().is_ok(), "{line}");
+    let leases = || -> serde_json::Value {
+        let body = leasehold_testkit::http_get(&server.addr, "/v1/leases").expect("leases");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["leases"].clone()
+    };
+    assert_eq!(leases().as_array().map(Vec::len), Some(1));
     // SAFETY: signalling our own child process.
-    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
-    assert_eq!(holder.wait().unwrap().code(), Some(1));
+    unsafe { libc::kill(holder.id() as i32, libc::SIGINT) };
+    assert_eq!(holder.wait().unwrap().code(), Some(0));
+    assert_eq!(leases(), serde_json::json!([]));
 }
 
 #[test]

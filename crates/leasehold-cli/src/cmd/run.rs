@@ -182,6 +182,8 @@ pub async fn run(
 
     let lost = lease.lost();
     tokio::pin!(lost);
+    let ended = super::hold::ended_elsewhere(client, key, token);
+    tokio::pin!(ended);
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -189,12 +191,22 @@ pub async fn run(
                 if let Err(e) = lease.release().await {
                     eprintln!("leasehold: releasing {key}: {e}");
                 }
+                client.close().await;
                 return Ok(exit_code(status));
             }
             _ = &mut lost => {
                 let _ = state.lost(token);
                 eprintln!("leasehold: lease on {key} lost ({}); stopping the command", lease.lost_reason());
                 stop(&mut child, o.grace).await;
+                client.close().await;
+                return Ok(EXIT_LOST);
+            }
+            why = &mut ended, if lease.fence().is_some() => {
+                let _ = state.lost(token);
+                eprintln!("leasehold: {why}; stopping the command");
+                stop(&mut child, o.grace).await;
+                drop(lease);
+                client.close().await;
                 return Ok(EXIT_LOST);
             }
             _ = refresh.tick() => {

@@ -22,7 +22,7 @@ pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Res
                     .iter()
                     .map(|(holder, fence)| json!({"holder": holder, "fence": fence}))
                     .collect();
-                json!({"key": l.key, "holder": l.holder, "fence": l.fence, "ttl_left_ms": l.ttl_left_ms,
+                json!({"key": l.key, "holder": l.holder, "fence": l.fence, "lease": l.lease, "ttl_left_ms": l.ttl_left_ms,
                        "waiters": l.waiters, "holders": holders, "permits": l.permits,
                        "shared": l.shared, "set": in_set(l)})
             })

@@ -538,6 +538,7 @@ impl Backend for Leaseholdd {
                     .map(|h| h.holder.clone())
                     .unwrap_or_default(),
                 fence: l.holder.as_ref().map(|h| h.fence),
+                lease: l.holder.as_ref().map(|h| h.lease_id),
                 ttl_left_ms: l.holder.as_ref().map_or(0, |h| h.ttl_left_ms),
                 waiters: l.waiters.len(),
                 holders: l

@@ -172,6 +172,9 @@ pub struct LockStatus {
     pub holder: String,
     /// The holder's token.
     pub fence: Option<Fence>,
+    /// The holder's lease id (leaseholdd; `None` where the store has no
+    /// leases, or the key is free).
+    pub lease: Option<u64>,
     /// Milliseconds until the holder's lease expires unless renewed.
     pub ttl_left_ms: u64,
     /// How many wait in its queue.

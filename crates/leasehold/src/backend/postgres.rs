@@ -253,6 +253,7 @@ impl Backend for Postgres {
                     holders: vec![(holder.clone(), fence as Fence)],
                     holder,
                     fence: Some(fence as Fence),
+                    lease: None,
                     ttl_left_ms: r.get::<_, i64>(3) as u64,
                     waiters: 0,
                     permits: 0,
