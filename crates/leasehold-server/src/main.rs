@@ -242,13 +242,15 @@ const EXIT_CONFIG: u8 = 2;
 
 fn main() -> std::process::ExitCode {
     use std::io::IsTerminal;
-    // openraft's own WARN lines are for its developers (a vote that changed
-    // under a message, say): what an operator must act on, leaseholdd logs
-    // itself.
+    // openraft's own lines are for its developers: a vote that changed
+    // under a message at WARN, and at ERROR every call to a peer that is
+    // still starting. What an operator must act on leaseholdd logs itself
+    // (a peer it cannot reach, with why; a Raft core that stopped, with
+    // why). `RUST_LOG=info,openraft=warn` shows them again.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=error".into()),
+                .unwrap_or_else(|_| "info,openraft=off".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())

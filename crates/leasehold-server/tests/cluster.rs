@@ -36,6 +36,17 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
     let leader = c.wait_leader();
     let leaders: Vec<_> = c.nodes.iter().filter(|n| n.leads()).collect();
     assert_eq!(leaders.len(), 1);
+    // Nodes that start one after another refuse each other's first calls:
+    // nothing an operator must act on, so nothing at ERROR, and none of
+    // openraft's own lines.
+    for n in &c.nodes {
+        let log = n.output();
+        assert!(
+            !log.lines()
+                .any(|l| l.contains(" ERROR ") || l.contains("openraft")),
+            "{log}"
+        );
+    }
     let term = health(&c.nodes[leader].addr)["term"].clone();
     for (i, n) in c.nodes.iter().enumerate() {
         let h = health(&n.addr);

@@ -347,9 +347,63 @@ pub struct GrpcTransport {
     tls: Option<Arc<Tls>>,
     /// By node and address: the channel, and the TLS load it was made with.
     channels: Mutex<HashMap<(NodeId, String), Made>>,
-    /// Why each peer could not be reached last, so a new reason is logged
-    /// once (a certificate that does not name the peer, say), not per retry.
-    failing: Arc<Mutex<HashMap<NodeId, String>>>,
+    /// Each peer's reachability, so a failure is logged once per reason (a
+    /// certificate that does not name the peer, say), not per retry.
+    health: Arc<Mutex<HashMap<NodeId, PeerHealth>>>,
+}
+
+/// How long a peer that has never answered may go on not answering before
+/// it is worth a warning: nodes of a new cluster start one after another.
+const FIRST_ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// What the transport knows of one peer's reachability.
+#[derive(Default)]
+struct PeerHealth {
+    /// It has answered since this node started.
+    answered: bool,
+    /// Why the last calls failed, since when, and whether that was logged
+    /// at WARN.
+    failing: Option<(String, std::time::Instant, bool)>,
+}
+
+impl PeerHealth {
+    fn answered(&mut self, to: NodeId, addr: &str) {
+        if let Some((_, _, warned)) = self.failing.take() {
+            if warned {
+                tracing::info!(peer = to, %addr, "peer reachable again");
+            } else {
+                tracing::info!(peer = to, %addr, "peer reachable");
+            }
+        }
+        self.answered = true;
+    }
+
+    /// A peer that answered before and now does not is worth a warning at
+    /// once, and so is any failure but a refused connection (a certificate
+    /// that does not name the peer, say); a peer that refuses connections
+    /// and has not answered since this node started (it may still be
+    /// starting) only after [`FIRST_ANSWER_WITHIN`].
+    fn failed(&mut self, to: NodeId, addr: &str, why: String) {
+        let now = std::time::Instant::now();
+        match &mut self.failing {
+            Some((last, since, warned)) if *last == why => {
+                if !*warned && now.duration_since(*since) >= FIRST_ANSWER_WITHIN {
+                    *warned = true;
+                    tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer: it has not answered since this node started");
+                }
+            }
+            _ => {
+                let warn = self.answered || !why.contains("Connection refused");
+                if warn {
+                    tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer");
+                } else {
+                    tracing::info!(peer = to, %addr, error = %why, "peer not answering yet");
+                }
+                let since = self.failing.as_ref().map_or(now, |f| f.1);
+                self.failing = Some((why, since, warn));
+            }
+        }
+    }
 }
 
 impl GrpcTransport {
@@ -360,7 +414,7 @@ impl GrpcTransport {
             source,
             tls,
             channels: Mutex::default(),
-            failing: Arc::default(),
+            health: Arc::default(),
         }
     }
 
@@ -393,7 +447,7 @@ impl Transport for GrpcTransport {
         payload: Vec<u8>,
     ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>> {
         let client = self.client(to, addr);
-        let failing = self.failing.clone();
+        let health = self.health.clone();
         let addr = addr.to_string();
         Box::pin(async move {
             let Some(mut client) = client else {
@@ -407,19 +461,16 @@ impl Transport for GrpcTransport {
                 PeerCall::Probe => client.probe(message).await,
                 PeerCall::Membership => client.membership(message).await,
             };
-            let failing = || failing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut health = health.lock().unwrap_or_else(|e| e.into_inner());
+            let peer = health.entry(to).or_default();
             match reply {
                 Ok(reply) => {
-                    if failing().remove(&to).is_some() {
-                        tracing::info!(peer = to, %addr, "peer reachable again");
-                    }
+                    peer.answered(to, &addr);
                     Ok(reply.into_inner().bincode)
                 }
                 Err(status) if status.code() == tonic::Code::Unavailable => {
                     let why = reason(&status);
-                    if failing().insert(to, why.clone()).as_ref() != Some(&why) {
-                        tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer");
-                    }
+                    peer.failed(to, &addr, why.clone());
                     Err(TransportError::Unreachable(why))
                 }
                 Err(status) => Err(TransportError::Failed(reason(&status))),
