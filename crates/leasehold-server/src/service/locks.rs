@@ -1,0 +1,306 @@
+//! Leases and locks: grant, keep alive and revoke a lease; acquire (at
+//! once, or through the wait protocol in `wait`), release, and save a
+//! checkpoint.
+
+use leasehold_core::{limits, Command, Fence, Grant, LeaseId, Mode, RequestId, Response};
+
+#[cfg(feature = "planted-bugs")]
+use super::PlantedBug;
+use super::{audit, unexpected, ApiError, LockService};
+
+/// The lease an acquire is made under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseSpec {
+    /// A live lease.
+    Existing(LeaseId),
+    /// A new lease for this lock alone, granted in the same step.
+    New {
+        /// Its TTL.
+        ttl_ms: u64,
+        /// Its holder's name.
+        holder: String,
+    },
+}
+
+/// An acquire request.
+#[derive(Debug, Clone)]
+pub struct AcquireArgs {
+    /// The lease the lock hangs off.
+    pub lease: LeaseSpec,
+    /// The key.
+    pub key: String,
+    /// 0 to answer at once; otherwise wait in the queue up to this long.
+    pub wait_ms: u64,
+    /// Lock-delay after an expiry.
+    pub lock_delay_ms: u64,
+    /// Makes a retry safe (0 for none).
+    pub request_id: RequestId,
+    /// How the hold shares the key.
+    pub mode: Mode,
+    /// A lock set: every one of these keys, all or nothing, with one token
+    /// (then `key` is ignored and `mode` must be exclusive). Empty for one key.
+    pub set: Vec<String>,
+}
+
+impl AcquireArgs {
+    /// The command that acquires (or re-attaches to the wait) under `lease`.
+    pub(super) fn command(&self, lease: LeaseId) -> Command {
+        if self.set.is_empty() {
+            Command::Acquire {
+                lease,
+                key: self.key.clone(),
+                wait_ms: self.wait_ms,
+                lock_delay_ms: self.lock_delay_ms,
+                request_id: self.request_id,
+                mode: self.mode,
+            }
+        } else {
+            Command::AcquireSet {
+                lease,
+                keys: self.set.clone(),
+                wait_ms: self.wait_ms,
+                lock_delay_ms: self.lock_delay_ms,
+                request_id: self.request_id,
+            }
+        }
+    }
+}
+
+impl LockService {
+    /// Creates a lease. A retry with the same `request_id` (and the same TTL
+    /// and holder) answers with the lease the first one made.
+    pub async fn grant(
+        &self,
+        ttl_ms: u64,
+        holder: String,
+        request_id: RequestId,
+    ) -> Result<(LeaseId, u64), ApiError> {
+        self.measured("grant", async move {
+            limits::validate_ttl(ttl_ms)?;
+            limits::validate_holder(&holder)?;
+            let command = Command::Grant {
+                ttl_ms,
+                holder,
+                request_id,
+            };
+            match self.propose_as(command).await? {
+                Response::LeaseGranted { lease, ttl_ms } => Ok((lease, ttl_ms)),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
+    }
+
+    /// Renews a lease to its full TTL.
+    pub async fn keep_alive(&self, lease: LeaseId) -> Result<u64, ApiError> {
+        self.measured("keep_alive", async move {
+            match self.propose_as(Command::KeepAlive { lease }).await? {
+                Response::Renewed { ttl_ms } => Ok(ttl_ms),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
+    }
+
+    /// Ends a lease, releasing its locks.
+    pub async fn revoke(&self, lease: LeaseId) -> Result<Vec<String>, ApiError> {
+        self.measured("revoke", async move {
+            // Revoking another token's lease is an admin act: audited.
+            let others = self
+                .consensus
+                .read_local(|t| {
+                    let who = self.caller(t.auth()).ok().flatten()?;
+                    let owner = t.lease(lease, t.now())?.owner;
+                    (owner != Some(who)).then(|| (t.auth().who(Some(who)), t.auth().who(owner)))
+                })
+                .await;
+            match self.propose_as(Command::Revoke { lease }).await? {
+                Response::Revoked { released } => {
+                    if let Some((who, owner)) = others {
+                        audit(
+                            &who,
+                            &format!(
+                                "lease {lease} of {owner} revoked, releasing {} keys",
+                                released.len()
+                            ),
+                        );
+                    }
+                    Ok(released)
+                }
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
+    }
+
+    /// Acquires a lock, waiting in the key's queue when `wait_ms > 0`.
+    ///
+    /// The table ends a wait at its deadline; this call only listens for the
+    /// outcome. If the caller goes away first (the future is dropped), the
+    /// wait is withdrawn, and a grant that raced with the withdrawal is
+    /// released, since nobody would ever learn of it. A wait on a lease made
+    /// for it that ends without a grant revokes that lease.
+    pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
+        self.measured("acquire", async move {
+            if !args.set.is_empty() {
+                return self.acquire_set(args).await;
+            }
+            limits::validate_key(&args.key)?;
+            limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
+            limits::validate_mode(args.mode)?;
+            let command = match &args.lease {
+                LeaseSpec::Existing(lease) => args.command(*lease),
+                LeaseSpec::New { ttl_ms, holder } => {
+                    limits::validate_ttl(*ttl_ms)?;
+                    limits::validate_holder(holder)?;
+                    Command::GrantAndAcquire {
+                        ttl_ms: *ttl_ms,
+                        holder: holder.clone(),
+                        key: args.key.clone(),
+                        wait_ms: args.wait_ms,
+                        lock_delay_ms: args.lock_delay_ms,
+                        request_id: args.request_id,
+                        mode: args.mode,
+                    }
+                }
+            };
+            if args.wait_ms == 0 {
+                return match self.propose_as(command).await? {
+                    Response::Acquired(grant) => Ok(grant),
+                    other => Err(unexpected(other)),
+                };
+            }
+            let lease = match args.lease {
+                LeaseSpec::Existing(lease) => lease,
+                // The new lease's id is known only from the answer: queue (or
+                // take the key) first, then wait as that lease.
+                LeaseSpec::New { .. } => match self.propose_as(command).await? {
+                    Response::Acquired(grant) => return Ok(grant),
+                    Response::Queued { lease, .. } => {
+                        let waited = self.wait(lease, &args).await;
+                        if waited.is_err() {
+                            // Made for this lock alone: do not leave it behind.
+                            let _ = self.propose(Command::Revoke { lease }).await;
+                        }
+                        return waited;
+                    }
+                    other => return Err(unexpected(other)),
+                },
+            };
+            self.wait(lease, &args).await
+        })
+        .await
+    }
+
+    /// A lock set: every key of `args.set`, all or nothing, one token. A
+    /// new lease for it is granted first, and revoked if the set is not
+    /// granted; a wait listens on the set's first key, since every key of
+    /// a set is granted in one step.
+    async fn acquire_set(&self, mut args: AcquireArgs) -> Result<Grant, ApiError> {
+        if !args.key.is_empty() {
+            return Err(ApiError::invalid(
+                "key",
+                "give one `key`, or a set of `keys`, not both",
+            ));
+        }
+        args.set = limits::validate_set(&args.set)?;
+        args.key = match args.set.first() {
+            Some(first) => first.clone(),
+            None => return Err(ApiError::invalid("keys", "a lock set needs a key")),
+        };
+        limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
+        if args.mode != Mode::Exclusive {
+            return Err(ApiError::invalid(
+                "mode",
+                "a lock set is held exclusively, with one token",
+            ));
+        }
+        let (lease, made) = match &args.lease {
+            LeaseSpec::Existing(lease) => (*lease, false),
+            LeaseSpec::New { ttl_ms, holder } => {
+                let grant = Command::Grant {
+                    ttl_ms: *ttl_ms,
+                    holder: holder.clone(),
+                    request_id: args.request_id,
+                };
+                match self.propose_as(grant).await? {
+                    Response::LeaseGranted { lease, .. } => (lease, true),
+                    other => return Err(unexpected(other)),
+                }
+            }
+        };
+        let result = if args.wait_ms == 0 {
+            match self.propose_as(args.command(lease)).await {
+                Ok(Response::Acquired(grant)) => Ok(grant),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(e),
+            }
+        } else {
+            self.wait(lease, &args).await
+        };
+        if made && result.is_err() {
+            // Made for this set alone: do not leave it behind.
+            let _ = self.propose(Command::Revoke { lease }).await;
+        }
+        result
+    }
+
+    /// Releases a lock held with `fence`.
+    pub async fn release(
+        &self,
+        key: String,
+        fence: Fence,
+        request_id: RequestId,
+    ) -> Result<(), ApiError> {
+        self.measured("release", async move {
+            limits::validate_key(&key)?;
+            #[cfg(feature = "planted-bugs")]
+            let fence = match self.planted {
+                Some(PlantedBug::BlindRelease) => self
+                    .consensus
+                    .read_local(|t| t.lock(&key, 0))
+                    .await
+                    .and_then(|l| l.holder)
+                    .map_or(fence, |h| h.fence),
+                _ => fence,
+            };
+            match self
+                .propose_as(Command::Release {
+                    key,
+                    fence,
+                    request_id,
+                })
+                .await?
+            {
+                Response::Released => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
+    }
+
+    /// Stores a checkpoint with a lock held with `fence`.
+    pub async fn save_checkpoint(
+        &self,
+        key: String,
+        fence: Fence,
+        data: Vec<u8>,
+    ) -> Result<(), ApiError> {
+        self.measured("save_checkpoint", async move {
+            limits::validate_key(&key)?;
+            limits::validate_checkpoint(&data)?;
+            #[cfg(feature = "planted-bugs")]
+            if self.planted == Some(PlantedBug::LostCheckpoint) {
+                return Ok(());
+            }
+            match self
+                .propose_as(Command::SaveCheckpoint { key, fence, data })
+                .await?
+            {
+                Response::CheckpointSaved => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        })
+        .await
+    }
+}
