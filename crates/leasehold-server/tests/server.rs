@@ -909,3 +909,66 @@ async fn recent_events_held_keys_and_waits_over_http() {
     let (_, health) = get(&server, "/health").await;
     assert_eq!(health["leader_url"], json!(server.url()), "{health}");
 }
+
+/// A watch that falls so far behind that events were dropped ends with its
+/// own code, `watch_behind` (list again, then watch again), not `internal`.
+#[tokio::test]
+async fn a_watch_that_falls_behind_says_so_with_its_own_code() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Leaseholdd::start();
+    let (_, lease) = post(
+        &server,
+        "/v1/leases",
+        json!({"ttl_ms": 60_000, "holder": "bulk"}),
+    )
+    .await;
+    let lease = lease["lease"].as_u64().expect("lease");
+    // 66 sets of 64 keys: more lock events in one revoke than a watcher's
+    // buffer (4,096) holds.
+    for set in 0..66 {
+        let keys: Vec<String> = (0..64).map(|k| format!("bulk/{set}/{k}")).collect();
+        let (status, body) = post(
+            &server,
+            "/v1/acquire",
+            json!({"keys": keys, "lease": lease}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut stream = tokio::net::TcpStream::connect(&server.addr)
+        .await
+        .expect("connect");
+    stream
+        .write_all(b"GET /v1/watch?prefix=bulk/ HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let mut seen = String::new();
+    let mut buf = [0u8; 65536];
+    while !seen.contains("\r\n\r\n") {
+        let n = stream.read(&mut buf).await.expect("read");
+        assert!(n > 0, "closed early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let r = reqwest::Client::new()
+        .delete(format!("{}/v1/leases/{lease}", server.url()))
+        .send()
+        .await
+        .expect("revoke");
+    assert_eq!(r.status().as_u16(), 200);
+    let data = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(event) = seen.split("event: error\n").nth(1) {
+                if let Some(line) = event.lines().find(|l| l.starts_with("data: ")) {
+                    return line["data: ".len()..].to_string();
+                }
+            }
+            let n = stream.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed without an error event");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    })
+    .await
+    .expect("an error event");
+    let error: Value = serde_json::from_str(&data).expect("JSON error data");
+    assert_eq!(error["error"]["code"], "watch_behind", "{error}");
+}

@@ -18,6 +18,7 @@
 //! | `method_not_allowed` | `UNIMPLEMENTED`     | 405  |
 //! | `not_added`        | `FAILED_PRECONDITION` | 409  |
 //! | `tls_required`     | `UNAVAILABLE`         | 400  |
+//! | `watch_behind`     | `ABORTED`             | 410  |
 //! | `internal`         | `INTERNAL`            | 500  |
 //!
 //! gRPC statuses carry the code in the `leasehold-code` metadata entry, plus
@@ -54,6 +55,7 @@ fn grpc_code(e: &ApiError) -> tonic::Code {
         ApiError::NotFound(_) | ApiError::MethodNotAllowed(_) => tonic::Code::Unimplemented,
         ApiError::NotAdded(_) => tonic::Code::FailedPrecondition,
         ApiError::TlsRequired(_) => tonic::Code::Unavailable,
+        ApiError::WatchBehind(_) => tonic::Code::Aborted,
         ApiError::Internal(_) => tonic::Code::Internal,
     }
 }
@@ -74,6 +76,7 @@ fn http_status(e: &ApiError) -> StatusCode {
         ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         ApiError::NotAdded(_) => StatusCode::CONFLICT,
         ApiError::TlsRequired(_) => StatusCode::BAD_REQUEST,
+        ApiError::WatchBehind(_) => StatusCode::GONE,
         ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -26,6 +26,10 @@ pub enum ApiError {
     /// Plaintext on a port that speaks TLS only; nothing was done.
     #[error("{0}")]
     TlsRequired(String),
+    /// A watch fell so far behind that events it had not read were dropped:
+    /// read the state again (a list), then watch again.
+    #[error("{0}")]
+    WatchBehind(String),
     /// The server failed in a way the caller cannot fix.
     #[error("internal error: {0}")]
     Internal(String),
@@ -51,6 +55,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::NotAdded(_) => "not_added",
             ApiError::TlsRequired(_) => "tls_required",
+            ApiError::WatchBehind(_) => "watch_behind",
             ApiError::Internal(_) => "internal",
         }
     }

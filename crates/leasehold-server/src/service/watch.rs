@@ -108,8 +108,8 @@ impl Watch {
             let stamped = match self.rx.recv().await {
                 Ok(e) => e,
                 Err(broadcast::error::RecvError::Lagged(n)) => {
-                    return Err(ApiError::Internal(format!(
-                        "watch fell behind by {n} events; watch again"
+                    return Err(ApiError::WatchBehind(format!(
+                        "watch fell behind by {n} events, which were dropped: list the locks again, then watch again"
                     )))
                 }
                 Err(broadcast::error::RecvError::Closed) => {
