@@ -1,0 +1,176 @@
+//! Session leases: one per TTL, shared by the locks taken with it, or one
+//! made for a single lock; renewed by a keeper until ended.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_proto::frame::Op;
+use leasehold_proto::v1 as pb;
+use tokio::time::Instant;
+
+use super::settle::call_again;
+use super::Leaseholdd;
+use crate::backend::endpoints::Endpoints;
+use crate::keeper::{Keeper, Liveness, RenewError};
+use crate::{Error, Result};
+
+pub(super) struct Session {
+    pub(super) lease: u64,
+    keeper: Mutex<Option<Keeper>>,
+    pub(super) liveness: Liveness,
+    /// Keys held, or being acquired, under this lease.
+    keys: Mutex<HashSet<String>>,
+    /// Made for one lock only: revoked when that lock is released.
+    pub(super) private: bool,
+}
+
+/// A key claimed on a session; unclaimed when dropped.
+pub(super) struct Claim {
+    pub(super) session: Arc<Session>,
+    key: String,
+}
+
+impl Claim {
+    /// `None` if the session already has the key.
+    pub(super) fn take(session: &Arc<Session>, key: &str) -> Option<Claim> {
+        let mut keys = session.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.insert(key.to_string()).then(|| Claim {
+            session: session.clone(),
+            key: key.to_string(),
+        })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.session
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+impl Leaseholdd {
+    fn live_session(&self, ttl_ms: u64) -> Option<Arc<Session>> {
+        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions
+            .get(&ttl_ms)
+            .filter(|s| s.liveness.is_live())
+            .cloned()
+    }
+
+    /// The live session for this TTL, made if needed.
+    async fn session(&self, ttl: Duration, holder: &str) -> Result<Arc<Session>> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if let Some(s) = self.live_session(ttl_ms) {
+            return Ok(s);
+        }
+        // One grant at a time: concurrent first calls share the session the
+        // first of them makes instead of each granting a lease of its own.
+        let _granting = self.granting.lock().await;
+        if let Some(s) = self.live_session(ttl_ms) {
+            return Ok(s);
+        }
+        let session = self.open_session(ttl, holder, false).await?;
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ttl_ms, session.clone());
+        Ok(session)
+    }
+
+    pub(super) async fn claim(&self, key: &str, ttl: Duration, holder: &str) -> Result<Claim> {
+        if let Some(claim) = Claim::take(&self.session(ttl, holder).await?, key) {
+            return Ok(claim);
+        }
+        let private = self.open_session(ttl, holder, true).await?;
+        Claim::take(&private, key)
+            .ok_or_else(|| Error::Other("a new lease already holds the key".into()))
+    }
+
+    /// Grants a lease and starts renewing it.
+    pub(super) async fn open_session(
+        &self,
+        ttl: Duration,
+        holder: &str,
+        private: bool,
+    ) -> Result<Arc<Session>> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        // The deadline counts from the first send: a retry may be answered
+        // with the lease that send made.
+        let sent_at = Instant::now();
+        // A retry with the same id gets the lease the first grant made, so a
+        // reply lost on the way leaves no lease behind.
+        let grant = pb::GrantRequest {
+            ttl_ms,
+            holder: holder.to_string(),
+            request_id: rand::random::<u64>() | 1,
+        };
+        let lease = call_again::<pb::GrantResponse>(&self.endpoints, Op::Grant, &grant, "")
+            .await?
+            .lease_id;
+        let endpoints = self.endpoints.clone();
+        let keeper = Keeper::spawn(ttl, sent_at, move || {
+            let endpoints = endpoints.clone();
+            async move {
+                let renew = pb::KeepAliveRequest { lease_id: lease };
+                let route = endpoints.route();
+                // A node cut off from its majority may take the call and not
+                // answer for a while: with other nodes to try, give up on it
+                // after a sixth of the TTL (at least 200 ms), with time left
+                // before the deadline. With one node there is nowhere else.
+                let call = endpoints.call::<pb::KeepAliveResponse>(Op::KeepAlive, &renew);
+                let attempt = if endpoints.len() > 1 {
+                    (ttl / 6).max(Duration::from_millis(200))
+                } else {
+                    Duration::MAX
+                };
+                match tokio::time::timeout(attempt, call).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => match e.into_error("") {
+                        Error::Unavailable(m) | Error::OutcomeUnknown(m) => {
+                            Err(RenewError::Transient(m))
+                        }
+                        // The session's lease, not a key: its own reason.
+                        Error::LeaseLost { reason, .. } => Err(RenewError::Lost(reason)),
+                        e => Err(RenewError::Lost(e.to_string())),
+                    },
+                    Err(_) => {
+                        endpoints.failed(&route).await;
+                        Err(RenewError::Transient(format!(
+                            "no answer from {} within {attempt:?}",
+                            route.addr,
+                        )))
+                    }
+                }
+            }
+        });
+        Ok(Arc::new(Session {
+            lease,
+            liveness: keeper.liveness().clone(),
+            keeper: Mutex::new(Some(keeper)),
+            keys: Mutex::new(HashSet::new()),
+            private,
+        }))
+    }
+
+    /// Stops renewing a session and ends it on the server.
+    pub(super) async fn end_session(endpoints: &Endpoints, session: &Session) {
+        let keeper = session
+            .keeper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(k) = keeper {
+            k.stop().await;
+        }
+        let revoke = pb::RevokeRequest {
+            lease_id: session.lease,
+        };
+        let _ = endpoints
+            .call::<pb::RevokeResponse>(Op::Revoke, &revoke)
+            .await;
+    }
+}
