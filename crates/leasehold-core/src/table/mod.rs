@@ -1,0 +1,240 @@
+//! The lock table: leases, locks, FIFO waiters, fencing tokens, checkpoints.
+//!
+//! # Layout
+//!
+//! The table is split by the data each part walks over; the rules that call
+//! one another stay together in `rules.rs`.
+//!
+//! - `mod.rs`: the [`LockTable`] and its fields, the public constants, and
+//!   [`LockTable::apply`], which takes in a stamp and hands each command to
+//!   its rule.
+//! - `lock.rs`: the data the rules walk over, each type keeping its own
+//!   invariants: one key's `Lock` (its holders, its queue, its checkpoint and
+//!   lock-delay), a `Holding`, a `Waiter`, a `Lease`, a lock set's keys.
+//! - `rules.rs`: the rules that change the table (time, leases, locks, and
+//!   lock sets as their queues grant them), with an index of them at its top.
+//! - `sets.rs`: asking for a lock set; it calls down into `rules.rs`.
+//! - `answers.rs`: the request-id cache, so a retried request never acts twice.
+//! - `authorize.rs`: who may run which command, and changes to auth.
+//! - `view.rs`: the read-only views and counts (`describe`, `list`, metrics)
+//!   and what a step would cost.
+//! - `state.rs`: the snapshot form, and the indexes rebuilt from it on load.
+//! - `invariants.rs`: the consistency check the tests run after every step.
+
+mod answers;
+mod authorize;
+mod invariants;
+mod lock;
+mod rules;
+mod sets;
+mod state;
+mod view;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::auth::{AuthState, TokenId};
+use crate::command::{Command, Event, Response, Stamp};
+use crate::{Fence, LeaseId, LockError, RequestId, Time};
+
+use answers::{serialize_sorted, Answers, Caller};
+use lock::{Lease, Lock, Set};
+use state::Restored;
+
+pub use view::{HolderView, LeaseView, LockView, WaiterView};
+
+/// How long (table time) the answer to a request id is kept for retries.
+pub const DEDUPE_WINDOW_MS: Time = 60_000;
+/// At most this many answers are kept for retries; the oldest go first. At
+/// ~150 bytes each, about 15 MB at the most.
+pub const DEDUPE_CAPACITY: usize = 100_000;
+/// After a new leadership (a leader change, or a restarted single node), how
+/// long a queued waiter's caller has to come back (retry its acquire with the
+/// same lease and request id) before its wait is withdrawn. The waiting call
+/// itself died with the old leader's connection; a waiter nobody re-attaches
+/// is a ghost that would otherwise be granted the key and hold it for a whole
+/// TTL. A grant made to a waiter in this window is taken back if its caller
+/// does not come for it in time.
+pub const REATTACH_MS: Time = 5_000;
+
+/// The result of applying one command.
+pub type Outcome = Result<Response, LockError>;
+
+/// The whole state of a Leasehold deployment's locks.
+///
+/// Pure and deterministic: time arrives in each command's [`Stamp`], nothing here
+/// reads a clock or does I/O, and the same commands from the same state always
+/// give the same state, responses and events. Every field is part of the
+/// snapshot but the indexes and counts rebuilt from it on load, so a restored
+/// table continues exactly where the original stood.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "Restored")]
+pub struct LockTable {
+    /// Table time: the highest stamp applied. Never goes back.
+    now: Time,
+    /// The highest leader term seen; a higher one restamps every lease.
+    epoch: u64,
+    /// The next lease id. Ids are never reused.
+    next_lease: LeaseId,
+    /// The next fencing token. One sequence for all keys, for the life of the
+    /// deployment: it is in the snapshot and moves only forward.
+    next_fence: Fence,
+    leases: BTreeMap<LeaseId, Lease>,
+    /// Ordered so that listing by prefix is a range scan.
+    locks: BTreeMap<Arc<str>, Lock>,
+    /// Expiry order of leases.
+    lease_deadlines: BTreeSet<(Time, LeaseId)>,
+    /// Expiry order of queued waits.
+    wait_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
+    /// When keys leave their lock-delay.
+    delay_deadlines: BTreeSet<(Time, Arc<str>)>,
+    /// When waits (or grants to waits) that nobody re-attached after a new
+    /// leadership are withdrawn: (deadline, key, lease).
+    attach_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
+    /// Answers to recent requests by caller and id, so a retried request
+    /// never acts twice.
+    #[serde(serialize_with = "serialize_sorted")]
+    answered: Answers,
+    answered_order: VecDeque<(Time, Caller, RequestId)>,
+    /// Roles, tokens and the audit trail.
+    auth: AuthState,
+    /// Held lock sets, by their one token: the keys held with it.
+    sets: BTreeMap<Fence, Set>,
+    /// How many keys have at least one holder, kept as holds come and go so
+    /// that reading it costs nothing at a million locks (`/metrics` reads it
+    /// on every scrape). Not in the snapshot: counted again on load.
+    #[serde(skip)]
+    held_keys: usize,
+}
+
+impl Default for LockTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LockTable {
+    /// An empty table. Lease ids and fencing tokens start at 1.
+    pub fn new() -> Self {
+        LockTable {
+            now: 0,
+            epoch: 0,
+            next_lease: 1,
+            next_fence: 1,
+            leases: BTreeMap::new(),
+            locks: BTreeMap::new(),
+            lease_deadlines: BTreeSet::new(),
+            wait_deadlines: BTreeSet::new(),
+            delay_deadlines: BTreeSet::new(),
+            attach_deadlines: BTreeSet::new(),
+            answered: Answers::default(),
+            answered_order: VecDeque::new(),
+            auth: AuthState::default(),
+            sets: BTreeMap::new(),
+            held_keys: 0,
+        }
+    }
+
+    /// Applies one command at the stamped time.
+    ///
+    /// First the stamp is taken in (a newer epoch restamps all leases, then
+    /// everything due by `stamp.now` expires), then the command runs. A refused
+    /// command changes nothing beyond what the passing of time did.
+    pub fn apply(&mut self, stamp: Stamp, command: Command, events: &mut Vec<Event>) -> Outcome {
+        let now = self.now.max(stamp.now);
+        if stamp.epoch > self.epoch {
+            self.epoch = stamp.epoch;
+            self.restamp(now);
+        }
+        self.advance(now, events);
+        self.run(command, None, events)
+    }
+
+    /// Runs a command for `token` (`None`: for the server itself, or with
+    /// auth off), which it was checked against.
+    fn run(
+        &mut self,
+        command: Command,
+        token: Option<TokenId>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        match command {
+            Command::Grant {
+                ttl_ms,
+                holder,
+                request_id,
+            } => self.grant_once(ttl_ms, holder, request_id, token),
+            Command::KeepAlive { lease } => self.keep_alive(lease),
+            Command::Revoke { lease } => self.revoke(lease, events),
+            Command::Acquire {
+                lease,
+                key,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+                mode,
+            } => self.acquire_once(
+                lease,
+                &key,
+                (wait_ms, lock_delay_ms),
+                request_id,
+                mode,
+                events,
+            ),
+            Command::GrantAndAcquire {
+                ttl_ms,
+                holder,
+                key,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+                mode,
+            } => self.grant_and_acquire(
+                ttl_ms,
+                holder,
+                &key,
+                (wait_ms, lock_delay_ms),
+                request_id,
+                mode,
+                token,
+                events,
+            ),
+            Command::CancelWait {
+                lease,
+                key,
+                request_id,
+                attempt,
+            } => self.cancel_wait(lease, &key, request_id, attempt, events),
+            Command::Release {
+                key,
+                fence,
+                request_id,
+            } => self.release_once(&key, fence, request_id, events),
+            Command::SaveCheckpoint { key, fence, data } => {
+                self.save_checkpoint(&key, fence, data, events)
+            }
+            Command::Tick => Ok(Response::Ticked),
+            Command::AcquireSet {
+                lease,
+                keys,
+                wait_ms,
+                lock_delay_ms,
+                request_id,
+            } => self.acquire_set_once(lease, &keys, (wait_ms, lock_delay_ms), request_id, events),
+            Command::As { token: t, command } => {
+                self.authorize(t, &command)?;
+                self.run(*command, t, events)
+            }
+            Command::Auth { change, at_unix_ms } => {
+                self.change_auth(token, None, at_unix_ms, change, events)
+            }
+            Command::AuthWithCertificate {
+                change,
+                at_unix_ms,
+                subject,
+            } => self.change_auth(token, Some(&subject), at_unix_ms, change, events),
+        }
+    }
+}

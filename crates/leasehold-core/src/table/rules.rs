@@ -1,0 +1,1098 @@
+//! The rules that change the table. They stay in one file because they call
+//! one another: a lease that ends frees its keys, a freed key's queue moves
+//! on, the queue grants, and the grant is remembered as the answer to the
+//! request that waited. Asking for a lock set is in `sets.rs`, which calls
+//! down into these rules and is never called by them.
+//!
+//! Time:
+//! - a new leader restamps every lease to its full TTL, and gives every
+//!   queued wait (and every grant to a wait nobody came back for)
+//!   `REATTACH_MS` for its caller to come back, before anything expires;
+//! - what is due then goes in this order: leases, waits that time out,
+//!   lock-delays that end, re-attach windows that run out, and answers older
+//!   than `DEDUPE_WINDOW_MS` or beyond `DEDUPE_CAPACITY`;
+//! - a wait that times out is withdrawn, and those behind it may be granted;
+//! - a key whose lock-delay ends goes to the next in its queue;
+//! - a wait nobody came back for in time is withdrawn, and a grant made to it
+//!   is released and its remembered answer forgotten.
+//!
+//! Leases:
+//! - a lease gets the next id, never reused, and a deadline a TTL after table
+//!   time; a keep-alive restarts the full TTL from table time;
+//! - a lease that is gone is `LeaseExpired` if it was ever handed out and
+//!   `LeaseNotFound` if not, whatever asks;
+//! - ending a lease withdraws its waits, frees every key it holds (a held set
+//!   with them), and hands each freed key on in the same step;
+//! - an expired hold's key is delayed by its lock-delay; a revoked or
+//!   released one is free at once;
+//! - a revoke answers with the keys it released; an expiry tells of each key
+//!   as expired;
+//! - a grant-and-acquire is refused before its lease is granted, so a refusal
+//!   leaves no lease behind.
+//!
+//! Locks:
+//! - a key is one kind while anyone holds or waits for it, a lock or a
+//!   semaphore of one size; asking for it as another is refused;
+//! - a newcomer takes a key only when nobody waits for it, it is not in
+//!   lock-delay, and its holders admit the mode (none for an exclusive hold,
+//!   only readers for a reader, fewer than its permits for a semaphore);
+//! - every grant gets a fresh fencing token from the one sequence, which
+//!   only increases;
+//! - acquiring a key the lease holds answers with the hold it has; asking for
+//!   it in another mode is refused;
+//! - acquiring a key the lease waits for is coming back for the wait, a new
+//!   attempt; in another mode, or for a key it waits for in a set, it is
+//!   refused;
+//! - a busy key is refused to an acquire that does not wait, and an acquire
+//!   that waits joins the back of its queue;
+//! - a queue is granted first-come first-served, in the step that frees the
+//!   key: one writer, or every reader up to the next writer, or waiters up to
+//!   a semaphore's permits;
+//! - a grant from the queue is remembered as the answer to the wait's
+//!   request id;
+//! - a retry with the same request id gets the first answer, and an
+//!   acquire's retry re-attaches its wait; another request under the same id
+//!   is refused; an acquire is remembered only once granted, and a refusal
+//!   never;
+//! - a release is checked against the token (one that holds nothing is a
+//!   `StaleFence`), releases every key of a set held with it, and hands each
+//!   freed key on;
+//! - a checkpoint is saved only with a holder's token; an empty one clears it;
+//! - cancelling a wait acts only for the attempt the wait belongs to (0: any):
+//!   it withdraws the wait, or takes back the grant the wait got and forgets
+//!   its answer.
+//!
+//! Lock sets:
+//! - a set is granted only when its wait is first in line on every key and
+//!   every key is free (no holder, no lock-delay), all keys at once with one
+//!   token; until then it holds each key's line;
+//! - a set's wait stands in every key's queue, and withdrawing it from one
+//!   key withdraws it from all.
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::auth::TokenId;
+use crate::command::{Checkpoint, Event, Grant, Mode, Response, WaitEnd};
+use crate::limits;
+use crate::{Fence, LeaseId, LockError, RequestId, Time};
+
+use super::answers::{Asked, Caller};
+use super::lock::{Ask, Holding, Lease, Lock, Set, Waiter};
+use super::{LockTable, Outcome, DEDUPE_CAPACITY, DEDUPE_WINDOW_MS, REATTACH_MS};
+
+impl LockTable {
+    // ---- time ----
+
+    /// A new leader gives every live lease its full TTL again, and gives every
+    /// queued wait [`REATTACH_MS`] for its caller to come back: the calls that
+    /// were waiting were connections to the old leader, and are gone.
+    pub(super) fn restamp(&mut self, now: Time) {
+        self.lease_deadlines.clear();
+        for (id, lease) in self.leases.iter_mut() {
+            lease.deadline = now.saturating_add(lease.ttl_ms);
+            self.lease_deadlines.insert((lease.deadline, *id));
+        }
+        let until = now.saturating_add(REATTACH_MS);
+        self.attach_deadlines.clear();
+        for (key, lock) in self.locks.iter_mut() {
+            if let Some(h) = lock.holder.as_mut().filter(|h| h.attach_by.is_some()) {
+                h.attach_by = Some(until);
+                self.attach_deadlines.insert((until, key.clone(), h.lease));
+            }
+            if let Some(extra) = lock.extra.as_mut() {
+                for h in extra.more.iter_mut().filter(|h| h.attach_by.is_some()) {
+                    h.attach_by = Some(until);
+                    self.attach_deadlines.insert((until, key.clone(), h.lease));
+                }
+                for w in extra.waiters.iter_mut() {
+                    w.attach_by = Some(until);
+                    self.attach_deadlines.insert((until, key.clone(), w.lease));
+                }
+            }
+        }
+    }
+
+    pub(super) fn advance(&mut self, now: Time, events: &mut Vec<Event>) {
+        self.now = now;
+        while let Some(&(deadline, id)) = self.lease_deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.end_lease(id, true, events);
+            events.push(Event::LeaseExpired { lease: id });
+        }
+        while let Some((deadline, key, lease)) = self.wait_deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            // Those behind it may be admitted now (readers behind a writer).
+            self.withdraw(&key, lease, WaitEnd::TimedOut, true, events);
+        }
+        while let Some((deadline, key)) = self.delay_deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.delay_deadlines.pop_first();
+            if let Some(lock) = self.locks.get_mut(&key) {
+                lock.extra_mut().delayed_until = None;
+                lock.shrink();
+            }
+            self.advance_queue(&key, events);
+        }
+        while let Some((deadline, key, lease)) = self.attach_deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.abandon(&key, lease, events);
+        }
+        while let Some(&(at, caller, id)) = self.answered_order.front() {
+            if at.saturating_add(DEDUPE_WINDOW_MS) > now
+                && self.answered_order.len() <= DEDUPE_CAPACITY
+            {
+                break;
+            }
+            self.answered_order.pop_front();
+            if self.answered.get(&(caller, id)).is_some_and(|a| a.at == at) {
+                self.answered.remove(&(caller, id));
+            }
+        }
+    }
+
+    /// Nobody came back for `lease`'s wait on `key` after a new leadership:
+    /// withdraw the wait, or take back the grant it turned into.
+    fn abandon(&mut self, key: &Arc<str>, lease: LeaseId, events: &mut Vec<Event>) {
+        let Some(lock) = self.locks.get(key) else {
+            self.attach_deadlines
+                .retain(|(_, k, l)| !(k == key && *l == lease));
+            return;
+        };
+        if let Some(h) = lock.holding_of(lease).filter(|h| h.attach_by.is_some()) {
+            let (fence, request_id) = (h.fence, h.from_wait.unwrap_or(0));
+            // Clears the deadline entry with the holding.
+            let _ = self.release(key, fence, events);
+            self.forget(Caller::Lease(lease), request_id);
+        } else if self.withdraw(key, lease, WaitEnd::Abandoned, true, events) {
+        } else {
+            self.attach_deadlines
+                .retain(|(_, k, l)| !(k == key && *l == lease));
+        }
+    }
+
+    // ---- leases ----
+
+    fn grant(&mut self, ttl_ms: u64, holder: String, owner: Option<TokenId>) -> Outcome {
+        limits::validate_ttl(ttl_ms)?;
+        limits::validate_holder(&holder)?;
+        let id = self.next_lease;
+        self.next_lease += 1;
+        let deadline = self.now.saturating_add(ttl_ms);
+        self.leases.insert(
+            id,
+            Lease {
+                holder: holder.into(),
+                ttl_ms,
+                deadline,
+                owner,
+                held: BTreeSet::new(),
+                waiting: BTreeSet::new(),
+            },
+        );
+        self.lease_deadlines.insert((deadline, id));
+        Ok(Response::LeaseGranted { lease: id, ttl_ms })
+    }
+
+    pub(super) fn grant_once(
+        &mut self,
+        ttl_ms: u64,
+        holder: String,
+        request_id: RequestId,
+        owner: Option<TokenId>,
+    ) -> Outcome {
+        limits::validate_ttl(ttl_ms)?;
+        limits::validate_holder(&holder)?;
+        let holder: Arc<str> = holder.into();
+        let asked = Asked::Grant {
+            ttl_ms,
+            holder: holder.clone(),
+        };
+        let caller = owner.map_or(Caller::Granting, Caller::GrantingAs);
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
+            return Ok(first);
+        }
+        let response = self.grant(ttl_ms, holder.to_string(), owner)?;
+        self.remember(caller, request_id, asked, response.clone());
+        Ok(response)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grant_and_acquire(
+        &mut self,
+        ttl_ms: u64,
+        holder: String,
+        key: &str,
+        (wait_ms, lock_delay_ms): (u64, u64),
+        request_id: RequestId,
+        mode: Mode,
+        owner: Option<TokenId>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_ttl(ttl_ms)?;
+        limits::validate_holder(&holder)?;
+        limits::validate_key(key)?;
+        limits::validate_wait(wait_ms, lock_delay_ms)?;
+        limits::validate_mode(mode)?;
+        let holder: Arc<str> = holder.into();
+        let asked = Asked::GrantAndAcquire {
+            ttl_ms,
+            holder: holder.clone(),
+            key: key.into(),
+            mode,
+        };
+        let caller = owner.map_or(Caller::Granting, Caller::GrantingAs);
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
+            // The retry goes on as the same acquire under the lease the first
+            // answer made: the grant it got, or its place in the queue.
+            let lease = match first {
+                Response::Acquired(g) => g.lease,
+                Response::Queued { lease, .. } => lease,
+                other => return Ok(other),
+            };
+            return self.acquire_once(
+                lease,
+                key,
+                (wait_ms, lock_delay_ms),
+                request_id,
+                mode,
+                events,
+            );
+        }
+        // Refuse before granting, so a refusal leaves no lease behind.
+        if let Some(lock) = self.locks.get(key) {
+            self.check_kind(key, lock, mode)?;
+            if wait_ms == 0 && !Self::free(lock, mode) {
+                return Err(self.busy_error(key, lock));
+            }
+        }
+        let Response::LeaseGranted { lease, .. } = self.grant(ttl_ms, holder.to_string(), owner)?
+        else {
+            return Err(LockError::invalid("lease", "not granted"));
+        };
+        let response = self.acquire_once(
+            lease,
+            key,
+            (wait_ms, lock_delay_ms),
+            request_id,
+            mode,
+            events,
+        )?;
+        self.remember(caller, request_id, asked, response.clone());
+        Ok(response)
+    }
+
+    pub(super) fn live_lease(&self, id: LeaseId) -> Result<&Lease, LockError> {
+        self.leases.get(&id).ok_or_else(|| self.no_lease(id))
+    }
+
+    /// Why lease `id` is not live: it ended (expired or revoked: one answer,
+    /// whatever asks), or it was never handed out.
+    pub fn no_lease(&self, id: LeaseId) -> LockError {
+        if id != 0 && id < self.next_lease {
+            LockError::LeaseExpired { lease: id }
+        } else {
+            LockError::LeaseNotFound { lease: id }
+        }
+    }
+
+    pub(super) fn keep_alive(&mut self, id: LeaseId) -> Outcome {
+        self.live_lease(id)?;
+        let now = self.now;
+        let Some(lease) = self.leases.get_mut(&id) else {
+            return Err(LockError::LeaseNotFound { lease: id });
+        };
+        self.lease_deadlines.remove(&(lease.deadline, id));
+        lease.deadline = now.saturating_add(lease.ttl_ms);
+        self.lease_deadlines.insert((lease.deadline, id));
+        Ok(Response::Renewed {
+            ttl_ms: lease.ttl_ms,
+        })
+    }
+
+    pub(super) fn revoke(&mut self, id: LeaseId, events: &mut Vec<Event>) -> Outcome {
+        self.live_lease(id)?;
+        let released = self.end_lease(id, false, events);
+        Ok(Response::Revoked { released })
+    }
+
+    /// Ends a lease: withdraws its waits, frees its keys (with lock-delay when it
+    /// expired), and hands each freed key to the next in line. Returns the
+    /// keys it released when it was revoked (an expiry's go unreported).
+    ///
+    /// A lease may hold a million keys, and every replica frees them in one
+    /// step on the thread that also answers heartbeats, so the common key
+    /// (nobody waiting, no lock-delay) costs one walk down `locks`: found,
+    /// freed and removed through the one entry, with no second look-up to
+    /// hand it on and no copy of its name.
+    fn end_lease(&mut self, id: LeaseId, expired: bool, events: &mut Vec<Event>) -> Vec<String> {
+        let Some(lease) = self.leases.remove(&id) else {
+            return Vec::new();
+        };
+        self.lease_deadlines.remove(&(lease.deadline, id));
+        for key in &lease.waiting {
+            self.withdraw(key, id, WaitEnd::LeaseGone, false, events);
+        }
+        // An event for each key and wait, and one for the lease itself (an
+        // expiry's, pushed by the caller). Grown by doubling instead, a
+        // million of them were copied into fresh pages again and again:
+        // most of the step's time, where the kernel zeroes new memory slowly.
+        events.reserve(lease.held.len() + lease.waiting.len() + 1);
+        let mut released = Vec::with_capacity(if expired { 0 } else { lease.held.len() });
+        // Freed keys someone else still holds, waits for or may not take
+        // yet (lock-delay): the queue decides what happens to them next.
+        let mut handed_on = Vec::new();
+        for key in &lease.held {
+            let Entry::Occupied(mut entry) = self.locks.entry(key.clone()) else {
+                continue;
+            };
+            let lock = entry.get_mut();
+            let Some(holding) = lock.take_holding(id) else {
+                continue;
+            };
+            if lock.holder.is_none() {
+                self.held_keys = self.held_keys.saturating_sub(1);
+            }
+            // Every key of a set this lease held is released here too.
+            if !self.sets.is_empty() {
+                self.sets.remove(&holding.fence);
+            }
+            if let Some(t) = holding.attach_by {
+                self.attach_deadlines.remove(&(t, key.clone(), id));
+            }
+            let (key, fence, holder) = (key.clone(), holding.fence, lease.holder.clone());
+            if expired {
+                #[cfg(feature = "planted-bugs")]
+                let delay = !crate::planted::is(crate::planted::TableBug::NoLockDelay);
+                #[cfg(not(feature = "planted-bugs"))]
+                let delay = true;
+                if delay && holding.lock_delay_ms > 0 {
+                    let until = self.now.saturating_add(holding.lock_delay_ms);
+                    lock.extra_mut().delayed_until = Some(until);
+                    self.delay_deadlines.insert((until, key.clone()));
+                }
+                events.push(Event::Expired {
+                    key: key.clone(),
+                    fence,
+                    lease: id,
+                    holder,
+                });
+            } else {
+                released.push(key.to_string());
+                events.push(Event::Released {
+                    key: key.clone(),
+                    fence,
+                    lease: id,
+                    holder,
+                });
+            }
+            if lock.is_empty() {
+                entry.remove();
+            } else {
+                handed_on.push(key);
+            }
+        }
+        for key in lease.waiting.iter().chain(&handed_on) {
+            self.advance_queue(key, events);
+        }
+        released
+    }
+
+    // ---- locks ----
+
+    /// Whether a newcomer in `mode` may take the key now: nobody waits for
+    /// it, it is not in lock-delay, and its holders admit the mode (none for
+    /// an exclusive hold, only readers for a reader, fewer than its permits
+    /// for a semaphore).
+    pub(super) fn free(lock: &Lock, mode: Mode) -> bool {
+        lock.delayed_until().is_none() && lock.waiters().is_empty() && lock.admits(mode)
+    }
+
+    /// Refuses `mode` on a key held or waited for as another kind.
+    pub(super) fn check_kind(&self, key: &str, lock: &Lock, mode: Mode) -> Result<(), LockError> {
+        let Some(is) = lock.conflict(mode) else {
+            return Ok(());
+        };
+        let kind = |m: Mode| match m.permits() {
+            Some(n) => format!("a semaphore of {n} permits"),
+            None => "a lock".to_string(),
+        };
+        Err(LockError::invalid(
+            "permits",
+            format!(
+                "{key:?} is {} while anyone holds or waits for it; asked for it as {}",
+                kind(is),
+                kind(mode)
+            ),
+        ))
+    }
+
+    pub(super) fn acquire_once(
+        &mut self,
+        lease_id: LeaseId,
+        key: &str,
+        (wait_ms, lock_delay_ms): (u64, u64),
+        request_id: RequestId,
+        mode: Mode,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_key(key)?;
+        limits::validate_wait(wait_ms, lock_delay_ms)?;
+        limits::validate_mode(mode)?;
+        // A retry after the lease ended is told so, not handed a dead grant.
+        self.live_lease(lease_id)?;
+        let ask = Ask {
+            wait_ms,
+            lock_delay_ms,
+            request_id,
+            mode,
+        };
+        if request_id == 0 {
+            return self.acquire(lease_id, key, ask, events);
+        }
+        let caller = Caller::Lease(lease_id);
+        let asked = Asked::Acquire {
+            key: key.into(),
+            mode,
+        };
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
+            self.reattach(key, lease_id);
+            return Ok(first);
+        }
+        let response = self.acquire(lease_id, key, ask, events)?;
+        // A queued answer is not final: the grant is remembered when it comes.
+        if let Response::Acquired(_) = &response {
+            self.remember(caller, request_id, asked, response.clone());
+        }
+        Ok(response)
+    }
+
+    /// The caller of `lease`'s wait (or of the grant it turned into) on `key`
+    /// came back: it is no longer withdrawn after a new leadership, and this
+    /// is its newest attempt. Returns the attempt's number (0: no wait).
+    pub(super) fn reattach(&mut self, key: &str, lease_id: LeaseId) -> u64 {
+        let Some(key) = self.locks.get_key_value(key).map(|(k, _)| k.clone()) else {
+            return 0;
+        };
+        let Some(lock) = self.locks.get_mut(&key) else {
+            return 0;
+        };
+        let mut cleared = None;
+        let mut attempt = 0;
+        if let Some(h) = lock.holding_mut(lease_id) {
+            cleared = h.attach_by.take();
+            if h.from_wait.is_some() {
+                h.attempt += 1;
+                attempt = h.attempt;
+            }
+        }
+        if let Some(extra) = lock.extra.as_mut() {
+            if let Some(w) = extra.waiters.iter_mut().find(|w| w.lease == lease_id) {
+                cleared = cleared.or(w.attach_by.take());
+                w.attempt += 1;
+                attempt = w.attempt;
+            }
+        }
+        if let Some(t) = cleared {
+            self.attach_deadlines.remove(&(t, key, lease_id));
+        }
+        attempt
+    }
+
+    fn acquire(
+        &mut self,
+        lease_id: LeaseId,
+        key: &str,
+        ask: Ask,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        // Validated by `acquire_once`, its only caller.
+        let lease = self.live_lease(lease_id)?;
+        let lock = self.locks.get(key);
+        if let Some(lock) = lock {
+            self.check_kind(key, lock, ask.mode)?;
+        }
+        if lease.held.contains(key) {
+            // Acquiring what you already hold is answered with the hold you
+            // have; asking for it in another mode (a reader asking to write)
+            // would wait for itself.
+            let holding = lock.and_then(|l| l.holding_of(lease_id));
+            if let Some(h) = holding.filter(|h| h.mode != ask.mode) {
+                return Err(LockError::invalid(
+                    "mode",
+                    format!(
+                        "lease {lease_id} already holds {key:?} as {}; release it before asking for it as {}",
+                        h.mode.name(),
+                        ask.mode.name()
+                    ),
+                ));
+            }
+            let fence = holding.map_or(0, |h| h.fence);
+            let checkpoint = lock.and_then(|l| l.checkpoint().cloned());
+            self.reattach(key, lease_id);
+            return Ok(Response::Acquired(Grant {
+                lease: lease_id,
+                fence,
+                checkpoint,
+            }));
+        }
+        if lease.waiting.contains(key) {
+            let waiting = lock.and_then(|l| {
+                l.waiters()
+                    .iter()
+                    .enumerate()
+                    .find(|(_, w)| w.lease == lease_id)
+            });
+            if let Some((_, w)) = waiting.filter(|(_, w)| w.set.is_some()) {
+                return Err(LockError::invalid(
+                    "key",
+                    format!(
+                        "lease {lease_id} waits for {key:?} as part of the set {:?}",
+                        w.set.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+            if let Some((_, w)) = waiting.filter(|(_, w)| w.mode != ask.mode) {
+                return Err(LockError::invalid(
+                    "mode",
+                    format!(
+                        "lease {lease_id} already waits for {key:?} as {}",
+                        w.mode.name()
+                    ),
+                ));
+            }
+            let position = waiting.map_or(0, |(at, _)| at);
+            // Asking again for a wait is coming back for it.
+            let attempt = self.reattach(key, lease_id);
+            return Ok(Response::Queued {
+                lease: lease_id,
+                position,
+                attempt,
+            });
+        }
+        let now = self.now;
+        match lock {
+            None => {}
+            Some(lock) if Self::free(lock, ask.mode) => {}
+            Some(lock) => {
+                if ask.wait_ms == 0 {
+                    return Err(self.busy_error(key, lock));
+                }
+                let deadline = now.saturating_add(ask.wait_ms);
+                let (key, position) = match self.locks.get_key_value(key) {
+                    Some((k, l)) => (k.clone(), l.waiters().len()),
+                    None => return Err(LockError::invalid("key", "vanished")),
+                };
+                if let Some(lock) = self.locks.get_mut(&key) {
+                    let waiter = Waiter {
+                        lease: lease_id,
+                        mode: ask.mode,
+                        set: None,
+                        deadline,
+                        lock_delay_ms: ask.lock_delay_ms,
+                        request_id: ask.request_id,
+                        attach_by: None,
+                        attempt: 1,
+                    };
+                    #[cfg(feature = "planted-bugs")]
+                    if crate::planted::is(crate::planted::TableBug::LifoQueue) {
+                        lock.extra_mut().waiters.push_front(waiter);
+                    } else {
+                        lock.extra_mut().waiters.push_back(waiter);
+                    }
+                    #[cfg(not(feature = "planted-bugs"))]
+                    lock.extra_mut().waiters.push_back(waiter);
+                }
+                self.wait_deadlines
+                    .insert((deadline, key.clone(), lease_id));
+                if let Some(lease) = self.leases.get_mut(&lease_id) {
+                    lease.waiting.insert(key);
+                }
+                return Ok(Response::Queued {
+                    lease: lease_id,
+                    position,
+                    attempt: 1,
+                });
+            }
+        }
+        let key: Arc<str> = match self.locks.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(key),
+        };
+        let holding = Holding {
+            lease: lease_id,
+            fence: 0,
+            mode: ask.mode,
+            lock_delay_ms: ask.lock_delay_ms,
+            from_wait: None,
+            attach_by: None,
+            attempt: 0,
+        };
+        let grant = self.grant_lock(&key, holding, events);
+        Ok(Response::Acquired(grant))
+    }
+
+    pub(super) fn busy_error(&self, key: &str, lock: &Lock) -> LockError {
+        let name = |lease: LeaseId| {
+            self.leases
+                .get(&lease)
+                .map_or_else(String::new, |l| l.holder.to_string())
+        };
+        // Free, but a lock set waits first in line for it (and for keys
+        // that are not free yet): the set is next.
+        if let (None, None, Some(w)) = (&lock.holder, lock.delayed_until(), lock.waiters().front())
+        {
+            return LockError::Held {
+                key: key.to_string(),
+                holder: format!("{} (next in line, for a lock set)", name(w.lease)),
+                lease: w.lease,
+                fence: 0,
+            };
+        }
+        match &lock.holder {
+            Some(h) => LockError::Held {
+                key: key.to_string(),
+                holder: self
+                    .leases
+                    .get(&h.lease)
+                    .map_or_else(String::new, |l| l.holder.to_string()),
+                lease: h.lease,
+                fence: h.fence,
+            },
+            None => LockError::LockDelayed {
+                key: key.to_string(),
+                left_ms: lock
+                    .delayed_until()
+                    .map_or(0, |t| t.saturating_sub(self.now)),
+            },
+        }
+    }
+
+    /// Adds `holding` (its fence not yet set) to a key that admits it, with
+    /// a fresh token.
+    fn grant_lock(
+        &mut self,
+        key: &Arc<str>,
+        mut holding: Holding,
+        events: &mut Vec<Event>,
+    ) -> Grant {
+        let fence = self.next_fence;
+        self.next_fence += 1;
+        holding.fence = fence;
+        let lease_id = holding.lease;
+        let lock = self.locks.entry(key.clone()).or_default();
+        self.held_keys += usize::from(lock.holder.is_none());
+        lock.add_holding(holding);
+        let checkpoint = lock.checkpoint().cloned();
+        let holder = match self.leases.get_mut(&lease_id) {
+            Some(lease) => {
+                lease.held.insert(key.clone());
+                lease.holder.clone()
+            }
+            None => Arc::from(""),
+        };
+        events.push(Event::Acquired {
+            key: key.clone(),
+            fence,
+            lease: lease_id,
+            holder,
+            checkpoint: checkpoint.clone(),
+        });
+        Grant {
+            lease: lease_id,
+            fence,
+            checkpoint,
+        }
+    }
+
+    /// Hands a key to those first in its queue that its holders admit, in
+    /// the same step that freed it: one writer, or every reader up to the
+    /// next writer, or waiters up to a semaphore's permits.
+    fn advance_queue(&mut self, key: &Arc<str>, events: &mut Vec<Event>) {
+        loop {
+            let Some(lock) = self.locks.get_mut(key) else {
+                return;
+            };
+            if lock.delayed_until().is_some() {
+                return;
+            }
+            // A set's wait first in line is granted every key at once, when
+            // it is first on all of them and all are free; until then it
+            // holds this key's line.
+            if let Some((lease, set)) = lock
+                .waiters()
+                .front()
+                .and_then(|w| Some((w.lease, w.set.clone()?)))
+            {
+                if !self.set_ready(&set, lease) {
+                    return;
+                }
+                self.grant_set_from_queue(&set, lease, events);
+                continue;
+            }
+            // Every queued waiter is live: waits leave the queue when they
+            // time out or their lease ends.
+            let admitted = lock.waiters().front().is_some_and(|w| lock.admits(w.mode));
+            let next = if admitted {
+                lock.extra.as_mut().and_then(|e| e.waiters.pop_front())
+            } else {
+                None
+            };
+            lock.shrink();
+            let Some(waiter) = next else {
+                self.drop_if_empty(key);
+                return;
+            };
+            self.wait_deadlines
+                .remove(&(waiter.deadline, key.clone(), waiter.lease));
+            if let Some(lease) = self.leases.get_mut(&waiter.lease) {
+                lease.waiting.remove(key);
+            }
+            // A waiter nobody has come back for since a new leadership keeps
+            // its attach deadline (and its entry) on the grant.
+            let holding = Holding {
+                lease: waiter.lease,
+                fence: 0,
+                mode: waiter.mode,
+                lock_delay_ms: waiter.lock_delay_ms,
+                from_wait: Some(waiter.request_id),
+                attach_by: waiter.attach_by,
+                attempt: waiter.attempt,
+            };
+            let grant = self.grant_lock(key, holding, events);
+            self.remember(
+                Caller::Lease(waiter.lease),
+                waiter.request_id,
+                Asked::Acquire {
+                    key: key.clone(),
+                    mode: waiter.mode,
+                },
+                Response::Acquired(grant),
+            );
+        }
+    }
+
+    // ---- lock sets ----
+
+    /// Whether `lease`'s set wait is first in line on every key of `set`,
+    /// and every key is free (no holder, no lock-delay).
+    pub(super) fn set_ready(&self, set: &Set, lease: LeaseId) -> bool {
+        set.iter().all(|k| {
+            self.locks.get(k).is_some_and(|l| {
+                l.holder.is_none()
+                    && l.delayed_until().is_none()
+                    && l.waiters().front().is_some_and(|w| w.lease == lease)
+            })
+        })
+    }
+
+    /// Takes a ready set wait out of every queue and grants it.
+    fn grant_set_from_queue(&mut self, set: &Set, lease_id: LeaseId, events: &mut Vec<Event>) {
+        let mut attach = Vec::with_capacity(set.len());
+        let (mut lock_delay_ms, mut request_id, mut attempt) = (0, 0, 0);
+        for key in set.iter() {
+            let Some(waiter) = self
+                .locks
+                .get_mut(key)
+                .and_then(|l| l.extra.as_mut())
+                .and_then(|e| e.waiters.pop_front())
+            else {
+                continue;
+            };
+            self.wait_deadlines
+                .remove(&(waiter.deadline, key.clone(), lease_id));
+            if let Some(lease) = self.leases.get_mut(&lease_id) {
+                lease.waiting.remove(key);
+            }
+            (lock_delay_ms, request_id, attempt) =
+                (waiter.lock_delay_ms, waiter.request_id, waiter.attempt);
+            attach.push(waiter.attach_by);
+        }
+        let grant = self.grant_set(
+            set,
+            lease_id,
+            lock_delay_ms,
+            |i| attach.get(i).copied().flatten(),
+            Some((request_id, attempt)),
+            events,
+        );
+        self.remember(
+            Caller::Lease(lease_id),
+            request_id,
+            Asked::AcquireSet { keys: set.clone() },
+            Response::Acquired(grant),
+        );
+    }
+
+    /// Gives every key of a set (each free) to a lease, with one fresh token.
+    /// `attach_by(i)` is the attach deadline carried over to the i-th key.
+    pub(super) fn grant_set(
+        &mut self,
+        set: &Set,
+        lease_id: LeaseId,
+        lock_delay_ms: u64,
+        attach_by: impl Fn(usize) -> Option<Time>,
+        from_wait: Option<(RequestId, u64)>,
+        events: &mut Vec<Event>,
+    ) -> Grant {
+        let fence = self.next_fence;
+        self.next_fence += 1;
+        let holder = self
+            .leases
+            .get(&lease_id)
+            .map_or_else(|| Arc::from(""), |l| l.holder.clone());
+        for (i, key) in set.iter().enumerate() {
+            let lock = self.locks.entry(key.clone()).or_default();
+            self.held_keys += usize::from(lock.holder.is_none());
+            lock.add_holding(Holding {
+                lease: lease_id,
+                fence,
+                mode: Mode::Exclusive,
+                lock_delay_ms,
+                from_wait: from_wait.map(|(id, _)| id),
+                attach_by: attach_by(i),
+                attempt: from_wait.map_or(0, |(_, attempt)| attempt),
+            });
+            lock.shrink();
+            let checkpoint = lock.checkpoint().cloned();
+            if let Some(lease) = self.leases.get_mut(&lease_id) {
+                lease.held.insert(key.clone());
+            }
+            events.push(Event::Acquired {
+                key: key.clone(),
+                fence,
+                lease: lease_id,
+                holder: holder.clone(),
+                checkpoint,
+            });
+        }
+        self.sets.insert(fence, set.clone());
+        Grant {
+            lease: lease_id,
+            fence,
+            checkpoint: None,
+        }
+    }
+
+    /// Ends `lease_id`'s wait for `key` (for every key of its set, if it is a
+    /// set's), telling why; with `advance`, hands each key to whoever is next.
+    /// False if it was not waiting.
+    fn withdraw(
+        &mut self,
+        key: &Arc<str>,
+        lease_id: LeaseId,
+        reason: WaitEnd,
+        advance: bool,
+        events: &mut Vec<Event>,
+    ) -> bool {
+        let Some(waiter) = self.take_waiter(key, lease_id) else {
+            return false;
+        };
+        let mut keys = vec![key.clone()];
+        for other in waiter.set.iter().flat_map(|s| s.iter()) {
+            if other != key && self.take_waiter(other, lease_id).is_some() {
+                keys.push(other.clone());
+            }
+        }
+        for k in &keys {
+            events.push(Event::WaitEnded {
+                key: k.clone(),
+                lease: lease_id,
+                reason,
+            });
+        }
+        for k in &keys {
+            if advance {
+                self.advance_queue(k, events);
+            } else {
+                self.drop_if_empty(k);
+            }
+        }
+        true
+    }
+
+    /// Takes a lease's wait out of one key's queue.
+    fn take_waiter(&mut self, key: &Arc<str>, lease_id: LeaseId) -> Option<Waiter> {
+        let lock = self.locks.get_mut(key)?;
+        let at = lock.waiters().iter().position(|w| w.lease == lease_id)?;
+        let waiter = lock.extra_mut().waiters.remove(at)?;
+        lock.shrink();
+        self.wait_deadlines
+            .remove(&(waiter.deadline, key.clone(), lease_id));
+        if let Some(t) = waiter.attach_by {
+            self.attach_deadlines.remove(&(t, key.clone(), lease_id));
+        }
+        if let Some(lease) = self.leases.get_mut(&lease_id) {
+            lease.waiting.remove(key);
+        }
+        Some(waiter)
+    }
+
+    fn drop_if_empty(&mut self, key: &Arc<str>) {
+        if self.locks.get(key).is_some_and(Lock::is_empty) {
+            self.locks.remove(key);
+        }
+    }
+
+    pub(super) fn cancel_wait(
+        &mut self,
+        lease_id: LeaseId,
+        key: &str,
+        request_id: RequestId,
+        attempt: u64,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_key(key)?;
+        let Some((key, lock)) = self.locks.get_key_value(key) else {
+            return Ok(Response::WaitCancelled);
+        };
+        let key = key.clone();
+        // Only the attempt the wait now belongs to withdraws it (0: any).
+        let its_attempt = |a: u64| attempt == 0 || attempt == a;
+        let granted_to_this_wait = lock
+            .holding_of(lease_id)
+            .filter(|h| h.from_wait == Some(request_id))
+            .map(|h| (h.fence, h.attempt));
+        if let Some((fence, granted_in)) = granted_to_this_wait {
+            if its_attempt(granted_in) {
+                self.release(&key, fence, events)?;
+                // A retry of this wait must not be answered with the grant taken back.
+                self.forget(Caller::Lease(lease_id), request_id);
+            }
+        } else if lock
+            .waiters()
+            .iter()
+            .any(|w| w.lease == lease_id && its_attempt(w.attempt))
+        {
+            self.withdraw(&key, lease_id, WaitEnd::Cancelled, true, events);
+        }
+        Ok(Response::WaitCancelled)
+    }
+
+    fn held_by<'a>(
+        &'a self,
+        key: &str,
+        fence: Fence,
+    ) -> Result<(&'a Arc<str>, &'a Holding), LockError> {
+        limits::validate_key(key)?;
+        let found = self.locks.get_key_value(key);
+        if let Some((k, h)) =
+            found.and_then(|(k, l)| Some((k, l.holders().find(|h| h.fence == fence)?)))
+        {
+            return Ok((k, h));
+        }
+        Err(LockError::StaleFence {
+            key: key.to_string(),
+            presented: fence,
+            current: found.and_then(|(_, l)| l.holder.as_ref()).map(|h| h.fence),
+        })
+    }
+
+    fn release(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
+        self.held_by(key, fence)?;
+        // A set is released together, by any of its keys.
+        let keys: Vec<Arc<str>> = match self.sets.remove(&fence) {
+            Some(set) => set.to_vec(),
+            None => vec![Arc::from(key)],
+        };
+        for k in &keys {
+            self.release_one(k, fence, events)?;
+        }
+        for k in &keys {
+            self.advance_queue(k, events);
+        }
+        Ok(Response::Released)
+    }
+
+    /// Frees one key held with `fence`, without handing it on.
+    fn release_one(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
+        let (key, holding) = self.held_by(key, fence)?;
+        let (key, lease_id, attach_by) = (key.clone(), holding.lease, holding.attach_by);
+        if let Some(t) = attach_by {
+            self.attach_deadlines.remove(&(t, key.clone(), lease_id));
+        }
+        let holder = match self.leases.get_mut(&lease_id) {
+            Some(lease) => {
+                lease.held.remove(&key);
+                lease.holder.clone()
+            }
+            None => Arc::from(""),
+        };
+        if let Some(lock) = self.locks.get_mut(&key) {
+            if lock.take_holding(lease_id).is_some() && lock.holder.is_none() {
+                self.held_keys = self.held_keys.saturating_sub(1);
+            }
+        }
+        events.push(Event::Released {
+            key: key.clone(),
+            fence,
+            lease: lease_id,
+            holder,
+        });
+        Ok(Response::Released)
+    }
+
+    pub(super) fn save_checkpoint(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        data: Vec<u8>,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_checkpoint(&data)?;
+        let (key, holding) = self.held_by(key, fence)?;
+        let (key, lease) = (key.clone(), holding.lease);
+        let data: Arc<[u8]> = data.into();
+        if let Some(lock) = self.locks.get_mut(&key) {
+            lock.extra_mut().checkpoint = (!data.is_empty()).then(|| Checkpoint {
+                data: data.clone(),
+                fence,
+            });
+            lock.shrink();
+        }
+        let holder = self
+            .leases
+            .get(&lease)
+            .map_or_else(|| Arc::from(""), |l| l.holder.clone());
+        events.push(Event::CheckpointSaved {
+            key,
+            fence,
+            lease,
+            holder,
+            data,
+        });
+        Ok(Response::CheckpointSaved)
+    }
+
+    // ---- retries ----
+
+    pub(super) fn release_once(
+        &mut self,
+        key: &str,
+        fence: Fence,
+        request_id: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
+        limits::validate_key(key)?;
+        if request_id == 0 {
+            return self.release(key, fence, events);
+        }
+        let caller = Caller::Hold(fence);
+        let asked = Asked::Release { key: key.into() };
+        if let Some(first) = self.recall(caller, request_id, &asked)? {
+            return Ok(first);
+        }
+        let response = self.release(key, fence, events)?;
+        self.remember(caller, request_id, asked, response.clone());
+        Ok(response)
+    }
+}
