@@ -8,9 +8,10 @@ use leasehold_proto::v1 as pb;
 use tokio::time::Instant;
 
 use super::errors::{error, unsettled};
+use super::retry::{backoff, call_again, ATTEMPTS};
 use super::session::Claim;
-use super::settle::{call_again, settle_acquire, settle_release};
-use super::{backoff, Leaseholdd, ATTEMPTS};
+use super::settle::{release_request, settle_acquire, settle_release};
+use super::Leaseholdd;
 use crate::backend::endpoints::{Endpoints, Rpc};
 use crate::backend::{Acquired, Hold, LockOptions};
 use crate::{Error, Fence, Result};
@@ -156,14 +157,6 @@ pub(super) async fn release(endpoints: &Endpoints, key: &str, fence: Fence) -> R
     call_again::<pb::ReleaseResponse>(endpoints, Op::Release, &release_request(key, fence), key)
         .await
         .map(drop)
-}
-
-pub(super) fn release_request(key: &str, fence: Fence) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        key: key.to_string(),
-        fence,
-        request_id: rand::random::<u64>() | 1,
-    }
 }
 
 struct LeaseholddHold {

@@ -25,18 +25,19 @@
 //! # Layout
 //!
 //! - `mod.rs`: the backend itself, connecting, and the calls that need no
-//!   session (status, watch, release by fence); the retry pause the files
-//!   share.
+//!   session (status, watch, release by fence).
+//! - `retry.rs`: a call that is safe to send again, sent again: how often,
+//!   and the pause in between.
 //! - `session.rs`: session leases: granting one, its keeper, ending it, and
 //!   the claims on keys made under it.
 //! - `acquire.rs`: acquiring a key or a lock set, and releasing the hold.
-//! - `settle.rs`: calls sent again with the same request id, and outcomes
-//!   left open settled in the background.
+//! - `settle.rs`: outcomes left open, settled in the background.
 //! - `errors.rs`: the server's answers, gRPC or framed, as our errors, and
 //!   which errors leave an outcome open.
 
 mod acquire;
 mod errors;
+mod retry;
 mod session;
 mod settle;
 
@@ -56,15 +57,6 @@ use crate::{Error, Fence, Result};
 use acquire::release;
 use errors::error;
 use session::Session;
-
-/// Attempts for an idempotent request when the server cannot be reached.
-const ATTEMPTS: usize = 3;
-
-/// Pause before retry `attempt` (1-based) of a request the server did not
-/// answer: 50 ms more each time, at most a second.
-fn backoff(attempt: usize) -> Duration {
-    Duration::from_millis((50 * attempt as u64).min(1_000))
-}
 
 /// The leaseholdd backend.
 pub struct Leaseholdd {

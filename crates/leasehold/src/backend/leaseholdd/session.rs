@@ -9,7 +9,7 @@ use leasehold_proto::frame::Op;
 use leasehold_proto::v1 as pb;
 use tokio::time::Instant;
 
-use super::settle::call_again;
+use super::retry::call_again;
 use super::Leaseholdd;
 use crate::backend::endpoints::Endpoints;
 use crate::keeper::{Keeper, Liveness, RenewError};

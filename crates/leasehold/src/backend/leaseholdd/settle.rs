@@ -8,12 +8,11 @@ use std::time::Duration;
 use leasehold_proto::frame::Op;
 use leasehold_proto::v1 as pb;
 
-use super::acquire::release_request;
 use super::errors::{error, unsettled};
+use super::retry::call_again;
 use super::session::Claim;
-use super::{backoff, ATTEMPTS};
 use crate::backend::endpoints::{Endpoints, Rpc};
-use crate::{Error, Result};
+use crate::Fence;
 
 /// Pause between background attempts to settle a call.
 const SETTLE_PAUSE: Duration = Duration::from_millis(500);
@@ -95,27 +94,12 @@ pub(super) fn settle_acquire(
     });
 }
 
-/// Sends a framed call that is safe to send again (it carries a request id,
-/// or acting twice is acting once) up to [`ATTEMPTS`] times while no node
-/// could take it or its answer was lost.
-pub(super) async fn call_again<R: prost::Message + Default>(
-    endpoints: &Endpoints,
-    op: Op,
-    request: &impl prost::Message,
-    key: &str,
-) -> Result<R> {
-    let mut attempt = 0;
-    loop {
-        match endpoints
-            .call::<R>(op, request)
-            .await
-            .map_err(|e| e.into_error(key))
-        {
-            Err(Error::Unavailable(_) | Error::OutcomeUnknown(_)) if attempt + 1 < ATTEMPTS => {
-                attempt += 1;
-                tokio::time::sleep(backoff(attempt)).await;
-            }
-            result => return result,
-        }
+/// A release of `key` held with `fence`, with a request id of its own so
+/// it can be sent again.
+pub(super) fn release_request(key: &str, fence: Fence) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        key: key.to_string(),
+        fence,
+        request_id: rand::random::<u64>() | 1,
     }
 }
