@@ -40,6 +40,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
+use crate::api::Local;
 use crate::service::LockService;
 use crate::tls::{ClientSubject, PeerCertificate, Tls};
 
@@ -153,6 +154,16 @@ pub struct Limits {
     pub idle_timeout: Duration,
 }
 
+impl Limits {
+    /// What the framed protocol needs of them.
+    fn frames(&self) -> crate::api::frames::Timeouts {
+        crate::api::frames::Timeouts {
+            header: self.header_timeout,
+            idle: self.idle_timeout,
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -190,7 +201,7 @@ pub struct Admitted {
 impl Drop for Admitted {
     fn drop(&mut self) {
         let left = self.gate.open.fetch_sub(1, Ordering::SeqCst) - 1;
-        self.service.consensus().hub().metrics.connections.dec();
+        self.service.context().metrics.connections.dec();
         if left < self.gate.max / 10 * 9 && self.gate.full.swap(false, Ordering::SeqCst) {
             tracing::info!(open = left, "connections below the cap again");
         }
@@ -209,7 +220,7 @@ impl Gate {
 
     /// A place for one more connection, or `None` at the cap.
     pub fn admit(&self, service: &LockService) -> Option<Admitted> {
-        let metrics = &service.consensus().hub().metrics;
+        let metrics = &service.context().metrics;
         let admitted = self
             .open
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
@@ -333,7 +344,7 @@ pub async fn serve(
     // Small request/response frames: without TCP_NODELAY, Nagle's algorithm can
     // hold a response back until the client's delayed ACK.
     let _ = stream.set_nodelay(true);
-    let local = Local::of(&stream);
+    let local = local_of(&stream);
     let service = service.from_local(local.0);
     let mut first = [0u8; 1];
     tokio::select! {
@@ -341,7 +352,7 @@ pub async fn serve(
             Ok(Ok(1..)) => {}
             _ => return,
         },
-        _ = crate::server::stopped(&mut stop) => return,
+        _ = crate::shutdown::stopped(&mut stop) => return,
     }
     let must_tls = tls.as_ref().is_some_and(|t| t.clients_need_tls());
     let from = stream.peer_addr().ok();
@@ -371,7 +382,7 @@ pub async fn serve(
         }
         if first[0] == leasehold_proto::frame::PREAMBLE[0] {
             let (read, write) = stream.into_split();
-            return crate::api::frames::serve(read, write, service, limits, stop).await;
+            return crate::api::frames::serve(read, write, service, limits.frames(), stop).await;
         }
         return serve_http(stream, Shown::default(), local, app, limits, stop).await;
     };
@@ -402,30 +413,25 @@ pub async fn serve(
                 return;
             }
         },
-        _ = crate::server::stopped(&mut stop) => return,
+        _ = crate::shutdown::stopped(&mut stop) => return,
     };
     if stream.first == Some(leasehold_proto::frame::PREAMBLE[0]) {
         let (read, write) = tokio::io::split(stream);
         let service = service.with_certificate(subject.map(|s| s.0));
-        return crate::api::frames::serve(read, write, service, limits, stop).await;
+        return crate::api::frames::serve(read, write, service, limits.frames(), stop).await;
     }
     let shown = Shown { peer, subject };
     serve_http(stream, shown, local, app, limits, stop).await
 }
 
-/// Whether a connection comes from this machine: from the very address it
+/// Whether `stream` comes from this machine: from the very address it
 /// connects to (`127.0.0.1` to `127.0.0.1`, or the host's own address to
-/// itself). A request extension, for what only a local operator may do.
-#[derive(Debug, Clone, Copy)]
-pub struct Local(pub bool);
-
-impl Local {
-    fn of(stream: &TcpStream) -> Local {
-        let (Ok(peer), Ok(own)) = (stream.peer_addr(), stream.local_addr()) else {
-            return Local(false);
-        };
-        Local(peer.ip() == own.ip())
-    }
+/// itself).
+fn local_of(stream: &TcpStream) -> Local {
+    let (Ok(peer), Ok(own)) = (stream.peer_addr(), stream.local_addr()) else {
+        return Local(false);
+    };
+    Local(peer.ip() == own.ip())
 }
 /// What a TLS client showed in its handshake.
 #[derive(Default)]
@@ -487,7 +493,7 @@ async fn serve_http<S>(
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
         }
-        _ = crate::server::stopped(&mut stop) => {
+        _ = crate::shutdown::stopped(&mut stop) => {
             // Calls in flight may finish; the server bounds the wait.
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;

@@ -7,9 +7,6 @@ use std::sync::Mutex;
 use leasehold_core::{Event, Grant, LeaseId, RequestId, WaitEnd};
 use tokio::sync::{broadcast, oneshot, Notify};
 
-use crate::auth_cache::AuthCache;
-use crate::metrics::Metrics;
-
 /// How a queued wait ended.
 #[derive(Debug, Clone)]
 pub enum WaitResult {
@@ -48,10 +45,6 @@ pub struct Hub {
     /// Signalled after every applied batch, so the expiry driver can look at
     /// the next deadline again.
     pub applied: Notify,
-    /// What `/metrics` exports; the state machine counts lock events here.
-    pub metrics: Metrics,
-    /// Callers' tokens as of the last auth change.
-    pub auth: AuthCache,
     /// Waits being listened for on this node, by lease, key and request id:
     /// the latest attempt's number and how many attempts are still running.
     attempts: Mutex<Attempts>,
@@ -64,8 +57,6 @@ impl Default for Hub {
             watch: broadcast::channel(4096).0,
             recent: Mutex::new(VecDeque::with_capacity(RECENT_EVENTS)),
             applied: Notify::new(),
-            metrics: Metrics::default(),
-            auth: AuthCache::default(),
             attempts: Mutex::new(HashMap::new()),
         }
     }
@@ -183,20 +174,6 @@ impl Hub {
     pub fn publish(&self, events: &[Event]) {
         if events.is_empty() {
             return;
-        }
-        self.metrics.events(events);
-        for event in events {
-            if let Event::AuthChanged { audit } = event {
-                self.auth.changed();
-                tracing::info!(
-                    target: "leasehold::audit",
-                    seq = audit.seq,
-                    at_unix_ms = audit.at_unix_ms,
-                    who = %audit.who,
-                    "{}",
-                    audit.what
-                );
-            }
         }
         {
             let mut waiters = self.waiters();

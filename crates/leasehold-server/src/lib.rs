@@ -5,6 +5,7 @@
 //!   machine; the log and snapshots live on disk with group commit. All openraft
 //!   types stay in this module.
 //! - [`hub`]: hands applied events to queued acquirers and watch streams.
+//! - [`context`]: the node's metrics and auth cache, passed where needed.
 //! - [`auth_cache`]: callers' tokens, remembered until auth changes.
 //! - [`service`]: the operations, validated at the edge, over [`raft::Consensus`].
 //! - [`metrics`]: Prometheus metrics.
@@ -17,10 +18,12 @@ pub mod api;
 pub mod auth_cache;
 pub mod config_file;
 pub mod conn;
+pub mod context;
 pub mod expiry;
 pub mod hub;
 pub mod metrics;
 pub mod raft;
 pub mod server;
 pub mod service;
+mod shutdown;
 pub mod tls;

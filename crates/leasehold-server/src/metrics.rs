@@ -36,8 +36,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::raft::Consensus;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     op: &'static str,
@@ -279,38 +277,24 @@ impl Metrics {
         }
     }
 
-    /// The OpenMetrics text, with the table's gauges read now.
-    pub async fn render(&self, consensus: &Consensus) -> String {
-        let (leases, held, waiters, next_fence, now) = consensus
-            .read_local(|t| {
-                (
-                    t.lease_count(),
-                    t.held_count(),
-                    t.waiter_count(),
-                    t.next_fence(),
-                    t.now(),
-                )
-            })
-            .await;
-        self.leases.set(gauge_value(leases as u64));
-        self.locks_held.set(gauge_value(held as u64));
-        self.waiters.set(gauge_value(waiters as u64));
-        self.fence_next.set(gauge_value(next_fence));
-        self.applied.set(gauge_value(consensus.last_applied()));
-        self.table_time.set(now as f64 / 1_000.0);
-        self.leader.set(i64::from(consensus.now().is_some()));
-        let cluster = consensus.cluster_status();
-        self.term.set(gauge_value(cluster.term));
-        self.last_log.set(gauge_value(cluster.last_log_index));
-        self.commit.set(gauge_value(cluster.commit_index));
-        self.snapshot.set(gauge_value(cluster.snapshot_index));
+    /// The metrics as OpenMetrics text, with the gauges set from `now`.
+    pub fn render(&self, now: &Gauges) -> String {
+        self.leases.set(gauge_value(now.leases));
+        self.locks_held.set(gauge_value(now.locks_held));
+        self.waiters.set(gauge_value(now.waiters));
+        self.fence_next.set(gauge_value(now.fence_next));
+        self.applied.set(gauge_value(now.applied_index));
+        self.table_time.set(now.table_time_ms as f64 / 1_000.0);
+        self.leader.set(i64::from(now.is_leader));
+        self.term.set(gauge_value(now.term));
+        self.last_log.set(gauge_value(now.last_log_index));
+        self.commit.set(gauge_value(now.commit_index));
+        self.snapshot.set(gauge_value(now.snapshot_index));
         self.lag.clear();
-        for member in &cluster.members {
-            if let Some(lag) = member.lag {
-                self.lag
-                    .get_or_create(&PeerLabel { peer: member.id })
-                    .set(gauge_value(lag));
-            }
+        for &(peer, lag) in &now.replication_lag {
+            self.lag
+                .get_or_create(&PeerLabel { peer })
+                .set(gauge_value(lag));
         }
         let mut text = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
@@ -318,4 +302,33 @@ impl Metrics {
         }
         text
     }
+}
+
+/// What the gauges show, read off the node when `/metrics` is scraped.
+#[derive(Debug, Clone, Default)]
+pub struct Gauges {
+    /// Live leases.
+    pub leases: u64,
+    /// Held locks.
+    pub locks_held: u64,
+    /// Acquires waiting in a key's queue.
+    pub waiters: u64,
+    /// The token the next grant gets.
+    pub fence_next: u64,
+    /// The last applied log index.
+    pub applied_index: u64,
+    /// The lock table's clock, in milliseconds.
+    pub table_time_ms: u64,
+    /// Whether this node leads (its clock is armed).
+    pub is_leader: bool,
+    /// The current term.
+    pub term: u64,
+    /// The last log index on this node.
+    pub last_log_index: u64,
+    /// The highest index known committed here.
+    pub commit_index: u64,
+    /// The last index in this node's snapshot.
+    pub snapshot_index: u64,
+    /// On the leader: each member's id and how many entries it is behind.
+    pub replication_lag: Vec<(u64, u64)>,
 }

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::conn::{self, Gate, Limits};
-use crate::hub::Hub;
+use crate::context::NodeContext;
 use crate::raft::{Consensus, NodeId, NodeSpec, RaftOptions};
 use crate::service::LockService;
 use crate::tls::Tls;
@@ -68,10 +68,11 @@ pub async fn run(
             source: Some(addr.ip()).filter(|ip| !ip.is_unspecified()),
         },
     };
+    let context = Arc::new(NodeContext::default());
     let consensus = Consensus::start(
         &config.data_dir,
         spec,
-        Arc::new(Hub::default()),
+        context.clone(),
         config.raft.clone(),
         config.tls.clone(),
     )
@@ -83,7 +84,7 @@ pub async fn run(
         let _ = stop_driver.wait_for(|s| *s).await;
     }));
 
-    let service = LockService::new(consensus.clone()).requiring_auth(config.require_auth);
+    let service = LockService::new(consensus.clone(), context).requiring_auth(config.require_auth);
     let peer_certificates = config
         .tls
         .as_ref()
@@ -160,7 +161,7 @@ pub async fn run(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            _ = stopped(&mut stopping) => break,
+            _ = crate::shutdown::stopped(&mut stopping) => break,
         }
         while connections.try_join_next().is_some() {}
     }
@@ -181,9 +182,4 @@ pub async fn run(
         Some(why) => anyhow::bail!("raft stopped: {why}"),
         None => Ok(()),
     }
-}
-
-/// Resolves once the shutdown signal is up (at once if it already is).
-pub(crate) async fn stopped(signal: &mut watch::Receiver<bool>) {
-    let _ = signal.wait_for(|s| *s).await;
 }

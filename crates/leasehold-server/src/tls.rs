@@ -38,10 +38,8 @@ use tokio_rustls::rustls::{
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use crate::raft::NodeId;
-
 /// The DNS name a node's peer certificate carries: `ID.node.leasehold`.
-pub fn peer_name(id: NodeId) -> String {
+pub fn peer_name(id: u64) -> String {
     format!("{id}.{PEER_DOMAIN}")
 }
 
@@ -305,7 +303,7 @@ mod der {
 pub struct ClientSubject(pub Arc<str>);
 
 /// Whether `cert` names node `id` (`ID.node.leasehold`).
-pub fn names_node(cert: &PeerCertificate, id: NodeId) -> bool {
+pub fn names_node(cert: &PeerCertificate, id: u64) -> bool {
     let Ok(name) = ServerName::try_from(peer_name(id)) else {
         return false;
     };

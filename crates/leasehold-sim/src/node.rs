@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use leasehold_server::hub::Hub;
+use leasehold_server::context::NodeContext;
 use leasehold_server::raft::{
     Consensus, MemorySnapshots, NodeId, NodeSpec, RaftOptions, StateMachine, SystemClock,
 };
@@ -118,11 +118,11 @@ impl NodeParts {
                 .collect::<BTreeMap<_, _>>(),
             source: None,
         };
-        let hub = Arc::new(Hub::default());
         let log = SimLog::open(self.disk.clone(), self.sync_time, self.ack_before_sync);
+        let context = Arc::new(NodeContext::default());
         let sm = StateMachine::open(
             Arc::new(self.snapshots.clone()),
-            hub,
+            context.clone(),
             self.options.snapshot_every,
             Arc::new(AtomicU64::new(0)),
         )?;
@@ -146,7 +146,7 @@ impl NodeParts {
             consensus.clone(),
             futures::future::pending(),
         ));
-        let mut service = LockService::new(consensus.clone());
+        let mut service = LockService::new(consensus.clone(), context);
         if let Some(bug) = self.planted {
             service = service.plant(bug);
         }

@@ -17,7 +17,6 @@ use tokio::sync::watch;
 use tokio_util::codec::{Encoder, FramedRead};
 
 use super::calls;
-use crate::conn::Limits;
 use crate::service::{ApiError, LockService};
 
 /// Calls one connection may have in flight; beyond it, reading pauses (with
@@ -98,23 +97,34 @@ async fn authenticate(service: &mut LockService, request: Frame) -> Frame {
     }
 }
 
+/// How long a framed connection may take to send its preamble, and stay
+/// with nothing in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// For the preamble.
+    pub header: std::time::Duration,
+    /// With no call in flight.
+    pub idle: std::time::Duration,
+}
+
 /// Serves one connection (its two halves) whose first byte was the preamble's, until the
 /// client closes it or `stop` turns true (calls in flight then finish first).
 ///
-/// The connection is closed when nothing was in flight for the idle timeout;
-/// the client opens a new one on its next call.
+/// The preamble must come within `timeouts.header`. The connection is
+/// closed when nothing was in flight for `timeouts.idle`; the client opens
+/// a new one on its next call.
 pub async fn serve<R, W>(
     mut read: R,
     mut write: W,
     mut service: LockService,
-    limits: Limits,
+    timeouts: Timeouts,
     mut stop: watch::Receiver<bool>,
 ) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut preamble = [0u8; PREAMBLE.len()];
-    match tokio::time::timeout(limits.header_timeout, read.read_exact(&mut preamble)).await {
+    match tokio::time::timeout(timeouts.header, read.read_exact(&mut preamble)).await {
         Ok(Ok(_)) if &preamble == PREAMBLE => {}
         _ => return,
     }
@@ -126,13 +136,13 @@ pub async fn serve<R, W>(
     // Idle is checked on a slow tick against the time of the last call, not
     // with a timer reset per call: a reset per request showed up in the
     // server's CPU per acquire.
-    let mut check = tokio::time::interval(limits.idle_timeout / 2);
+    let mut check = tokio::time::interval(timeouts.idle / 2);
     check.tick().await;
     let mut last_call = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = check.tick(), if in_flight.is_empty() => {
-                if last_call.elapsed() >= limits.idle_timeout {
+                if last_call.elapsed() >= timeouts.idle {
                     return;
                 }
             }
@@ -173,7 +183,7 @@ pub async fn serve<R, W>(
                 out.clear();
                 last_call = tokio::time::Instant::now();
             }
-            _ = crate::server::stopped(&mut stop), if reading => reading = false,
+            _ = crate::shutdown::stopped(&mut stop), if reading => reading = false,
         }
         if !reading && in_flight.is_empty() {
             return;

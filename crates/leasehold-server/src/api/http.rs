@@ -272,8 +272,42 @@ async fn metrics(State(s): State<LockService>) -> impl IntoResponse {
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.consensus().hub().metrics.render(s.consensus()).await,
+        s.context().metrics.render(&gauges(s.consensus()).await),
     )
+}
+
+/// What `/metrics`' gauges show, read off the node.
+async fn gauges(consensus: &crate::raft::Consensus) -> crate::metrics::Gauges {
+    let (leases, held, waiters, next_fence, now) = consensus
+        .read_local(|t| {
+            (
+                t.lease_count(),
+                t.held_count(),
+                t.waiter_count(),
+                t.next_fence(),
+                t.now(),
+            )
+        })
+        .await;
+    let cluster = consensus.cluster_status();
+    crate::metrics::Gauges {
+        leases: leases as u64,
+        locks_held: held as u64,
+        waiters: waiters as u64,
+        fence_next: next_fence,
+        applied_index: consensus.last_applied(),
+        table_time_ms: now,
+        is_leader: consensus.now().is_some(),
+        term: cluster.term,
+        last_log_index: cluster.last_log_index,
+        commit_index: cluster.commit_index,
+        snapshot_index: cluster.snapshot_index,
+        replication_lag: cluster
+            .members
+            .iter()
+            .filter_map(|m| m.lag.map(|lag| (m.id, lag)))
+            .collect(),
+    }
 }
 
 #[derive(Deserialize)]

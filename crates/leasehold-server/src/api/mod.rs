@@ -37,7 +37,7 @@ pub fn router(service: LockService, peer_certificates: bool, scheme: &'static st
 fn caller_service(
     service: &LockService,
     authorization: Option<Option<&str>>,
-    local: Option<&crate::conn::Local>,
+    local: Option<&Local>,
     certificate: Option<&crate::tls::ClientSubject>,
 ) -> Result<LockService, crate::service::ApiError> {
     let bearer = match authorization {
@@ -54,6 +54,11 @@ fn caller_service(
         .with_bearer(bearer)
         .with_certificate(certificate.map(|c| c.0.clone())))
 }
+
+/// Whether a connection comes from this machine. A request extension the
+/// connection sets, for what only a local operator may do.
+#[derive(Debug, Clone, Copy)]
+pub struct Local(pub bool);
 
 fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;

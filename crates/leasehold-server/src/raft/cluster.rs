@@ -20,7 +20,6 @@ use openraft::{BasicNode, ServerState};
 use serde::Serialize;
 
 use super::{Consensus, ConsensusError, NodeId};
-use crate::service::ApiError;
 
 /// How long a node being added has to answer the leader.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -30,6 +29,35 @@ pub const CATCH_UP_WITHIN: Duration = Duration::from_secs(60);
 /// A learner at most this many entries behind the leader's last one is
 /// caught up: one append's worth (openraft's `max_payload_entries`).
 pub const CAUGHT_UP_LAG: u64 = 64;
+
+/// Why a membership change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    /// This node cannot make it now (not the leader, stopped, or the
+    /// outcome is unknown).
+    #[error(transparent)]
+    Consensus(#[from] ConsensusError),
+    /// The change is not allowed: which part of it, and why.
+    #[error("invalid {field}: {reason}")]
+    Invalid {
+        /// The part: `id`, `addr` or `members`.
+        field: &'static str,
+        /// Why, and what to do instead.
+        reason: String,
+    },
+    /// A node to add did not answer or catch up; it is not a member.
+    #[error("{0}")]
+    NotAdded(String),
+}
+
+impl MembershipError {
+    fn invalid(field: &'static str, reason: impl std::fmt::Display) -> MembershipError {
+        MembershipError::Invalid {
+            field,
+            reason: reason.to_string(),
+        }
+    }
+}
 
 /// One member as the node answering sees it.
 #[derive(Debug, Clone, Serialize)]
@@ -173,7 +201,7 @@ impl Consensus {
     /// membership: a leader that has just removed itself still leads until
     /// that change commits, and must not start another one (openraft 0.9
     /// asserts against it in debug builds).
-    fn leader_only(&self) -> Result<(), ApiError> {
+    fn leader_only(&self) -> Result<(), MembershipError> {
         let (state, me) = {
             let m = self.raft.metrics();
             let m = m.borrow();
@@ -186,7 +214,7 @@ impl Consensus {
     }
 
     /// Refuses a voter set in which fewer than a majority answer now.
-    async fn check_quorum(&self, voters: &BTreeSet<NodeId>) -> Result<(), ApiError> {
+    async fn check_quorum(&self, voters: &BTreeSet<NodeId>) -> Result<(), MembershipError> {
         let status = self.cluster_status();
         let addr = |id: NodeId| {
             status
@@ -205,7 +233,7 @@ impl Consensus {
             up += usize::from(answers);
         }
         if up * 2 <= voters.len() {
-            return Err(ApiError::invalid(
+            return Err(MembershipError::invalid(
                 "members",
                 format!(
                     "the change leaves voters {voters:?}, of which only {up} answer now: they could not form a quorum; bring members back first"
@@ -228,17 +256,21 @@ impl Consensus {
     /// Adds node `id` at `addr`: as a learner, caught up, then as a voter.
     /// A learner that does not answer or catch up in time is removed again,
     /// and the voters stay as they were.
-    pub async fn add_member(&self, id: NodeId, addr: String) -> Result<ClusterStatus, ApiError> {
+    pub async fn add_member(
+        &self,
+        id: NodeId,
+        addr: String,
+    ) -> Result<ClusterStatus, MembershipError> {
         self.leader_only()?;
         let mut voters = self.voters();
         if voters.contains(&id) {
-            return Err(ApiError::invalid(
+            return Err(MembershipError::invalid(
                 "id",
                 format!("node {id} is already a voter"),
             ));
         }
         if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
-            return Err(ApiError::invalid(
+            return Err(MembershipError::invalid(
                 "addr",
                 format!("{addr:?} is not host:port"),
             ));
@@ -263,7 +295,7 @@ impl Consensus {
                 ),
             };
             tracing::warn!(id, %addr, "{why}");
-            return Err(ApiError::NotAdded(why));
+            return Err(MembershipError::NotAdded(why));
         }
         voters.insert(id);
         self.check_quorum(&voters).await?;
@@ -339,7 +371,7 @@ impl Consensus {
     }
 
     /// Removes node `id` from the group.
-    pub async fn remove_member(&self, id: NodeId) -> Result<ClusterStatus, ApiError> {
+    pub async fn remove_member(&self, id: NodeId) -> Result<ClusterStatus, MembershipError> {
         self.leader_only()?;
         let mut voters = self.voters();
         let learner = self
@@ -348,13 +380,16 @@ impl Consensus {
             .iter()
             .any(|m| m.id == id && !m.voter);
         if !voters.remove(&id) && !learner {
-            return Err(ApiError::invalid(
+            return Err(MembershipError::invalid(
                 "id",
                 format!("node {id} is not a member"),
             ));
         }
         if voters.is_empty() {
-            return Err(ApiError::invalid("id", "the last voter cannot be removed"));
+            return Err(MembershipError::invalid(
+                "id",
+                "the last voter cannot be removed",
+            ));
         }
         self.check_quorum(&voters).await?;
         let change = if learner {
@@ -452,7 +487,10 @@ impl Consensus {
         }
     }
 
-    fn change_error(&self, e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
+    fn change_error(
+        &self,
+        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+    ) -> MembershipError {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
                 ConsensusError::NotLeader {
@@ -461,7 +499,7 @@ impl Consensus {
                 .into()
             }
             RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
-                ApiError::invalid("members", e)
+                MembershipError::invalid("members", e)
             }
             RaftError::Fatal(e) => ConsensusError::Unknown(e.to_string()).into(),
         }

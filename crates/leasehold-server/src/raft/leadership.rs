@@ -113,7 +113,7 @@ impl Consensus {
             }
             if leader != last_leader {
                 if leader.is_some() {
-                    self.hub().metrics.leader_changed();
+                    self.shared.context.metrics.leader_changed();
                 }
                 last_leader = leader;
             }

@@ -801,7 +801,6 @@ mod storage_tests {
     use openraft::{Entry, EntryPayload, LogId, RaftLogReader, StorageError};
 
     use super::LogStore;
-    use crate::hub::Hub;
     use crate::raft::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
     use crate::raft::state_machine::StateMachine;
     use crate::raft::{NodeId, TypeConfig};
@@ -822,13 +821,8 @@ mod storage_tests {
             } else {
                 Arc::new(FileSnapshots::in_dir(dir.path()))
             };
-            let sm = StateMachine::open(
-                snapshots,
-                Arc::new(Hub::default()),
-                1_000,
-                log.applied_index(),
-            )
-            .expect("open state machine");
+            let sm = StateMachine::open(snapshots, Arc::default(), 1_000, log.applied_index())
+                .expect("open state machine");
             Ok((dir, log, sm))
         }
     }

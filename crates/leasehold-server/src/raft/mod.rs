@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::hub::Hub;
-pub use cluster::{ClusterStatus, MemberStatus};
+pub use cluster::{ClusterStatus, MemberStatus, MembershipError};
 pub use leadership::{Clock, SystemClock};
 pub use log_store::LogStore;
 pub use node::{NodeSpec, RaftOptions};
@@ -232,7 +232,7 @@ mod tests {
         let consensus = Consensus::start(
             dir.path(),
             NodeSpec::single("127.0.0.1:1"),
-            Arc::new(Hub::default()),
+            Arc::default(),
             RaftOptions::default(),
             None,
         )

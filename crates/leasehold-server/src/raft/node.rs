@@ -31,7 +31,7 @@ use super::peer::{Campaigns, GrpcTransport, Heard, PeerNetwork, Transport};
 use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
 use super::{Consensus, NodeId, TypeConfig};
-use crate::hub::Hub;
+use crate::context::NodeContext;
 
 /// Tuning for the Raft node.
 #[derive(Debug, Clone)]
@@ -115,18 +115,23 @@ impl Consensus {
     pub async fn start(
         dir: &Path,
         spec: NodeSpec,
-        hub: Arc<Hub>,
+        context: Arc<NodeContext>,
         options: RaftOptions,
         tls: Option<Arc<crate::tls::Tls>>,
     ) -> anyhow::Result<Consensus> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("create data dir {}", dir.display()))?;
-        let log = LogStore::open_observed(dir, hub.metrics.log_fsync.clone())
+        let log = LogStore::open_observed(dir, context.metrics.log_fsync.clone())
             .with_context(|| format!("open raft log in {}", dir.display()))?;
         let transport = Arc::new(GrpcTransport::new(spec.source, tls));
         let snapshots = Arc::new(FileSnapshots::in_dir(dir));
-        let sm = StateMachine::open(snapshots, hub, options.snapshot_every, log.applied_index())
-            .with_context(|| format!("open snapshot in {}", dir.display()))?;
+        let sm = StateMachine::open(
+            snapshots,
+            context,
+            options.snapshot_every,
+            log.applied_index(),
+        )
+        .with_context(|| format!("open snapshot in {}", dir.display()))?;
         Consensus::start_with(spec, options, log, sm, transport, system_clock()).await
     }
 
@@ -157,7 +162,7 @@ impl Consensus {
         ));
         let network = PeerNetwork {
             transport: transport.clone(),
-            snapshot_chunks: shared.hub.metrics.snapshot_chunks.clone(),
+            snapshot_chunks: shared.context.metrics.snapshot_chunks.clone(),
             campaigns: campaigns.clone(),
             heard: heard.clone(),
         };

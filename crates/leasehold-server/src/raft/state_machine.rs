@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 
 use super::snapshot_store::{Meta, SnapshotStore};
 use super::{Node, NodeId, TypeConfig};
+use crate::context::NodeContext;
 use crate::hub::Hub;
 
 /// The applied state: what a snapshot holds.
@@ -53,7 +54,10 @@ pub(crate) struct Shared {
     /// Signalled each time the state machine lets go of `applied`, for
     /// readers on the runtime that found it taken (see [`Shared::read_async`]).
     unlocked: Notify,
+    /// What applied entries tell queued acquirers and watchers.
     pub hub: Arc<Hub>,
+    /// The node's metrics and auth cache, told of every applied entry.
+    pub context: Arc<NodeContext>,
     snapshots: Arc<dyn SnapshotStore>,
     /// Commands applied since the last snapshot. Snapshots are triggered by
     /// commands, not log entries: one entry carries a whole batch, and the log
@@ -202,6 +206,7 @@ impl Shared {
                 self.applied_index.store(last.index, Ordering::Relaxed);
             }
         }
+        self.context.applied(&events);
         self.hub.publish(&events);
         (outcomes, bytes)
     }
@@ -300,7 +305,7 @@ impl StateMachine {
     /// if there is one.
     pub fn open(
         snapshots: Arc<dyn SnapshotStore>,
-        hub: Arc<Hub>,
+        context: Arc<NodeContext>,
         snapshot_every: u64,
         applied_index: Arc<AtomicU64>,
     ) -> io::Result<StateMachine> {
@@ -320,7 +325,8 @@ impl StateMachine {
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
                 unlocked: Notify::new(),
-                hub,
+                hub: Arc::new(Hub::default()),
+                context,
                 snapshots,
                 since_snapshot: AtomicU64::new(0),
                 bytes_since_snapshot: AtomicU64::new(0),
@@ -527,7 +533,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Freeing a big table takes as long as building it.
         let _ = off_the_runtime(self.shared.blocks(), move || drop(replaced)).await;
         // Auth may differ in the installed table.
-        self.shared.hub.auth.changed();
+        self.shared.context.auth.changed();
         Ok(())
     }
 
@@ -558,8 +564,7 @@ mod tests {
     use crate::raft::Request;
 
     fn open(snapshots: Arc<dyn SnapshotStore>, snapshot_every: u64) -> StateMachine {
-        let hub = Arc::new(Hub::default());
-        StateMachine::open(snapshots, hub, snapshot_every, Arc::default()).expect("open")
+        StateMachine::open(snapshots, Arc::default(), snapshot_every, Arc::default()).expect("open")
     }
 
     /// One log entry at `index` carrying `commands`.

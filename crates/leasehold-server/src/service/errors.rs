@@ -3,7 +3,7 @@
 
 use leasehold_core::{LockError, Response};
 
-use crate::raft::ConsensusError;
+use crate::raft::{ConsensusError, MembershipError};
 
 /// Why an operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -57,6 +57,16 @@ impl ApiError {
             ApiError::TlsRequired(_) => "tls_required",
             ApiError::WatchBehind(_) => "watch_behind",
             ApiError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<MembershipError> for ApiError {
+    fn from(e: MembershipError) -> ApiError {
+        match e {
+            MembershipError::Consensus(e) => ApiError::Consensus(e),
+            MembershipError::Invalid { field, reason } => ApiError::invalid(field, reason),
+            MembershipError::NotAdded(why) => ApiError::NotAdded(why),
         }
     }
 }

@@ -30,6 +30,7 @@ use leasehold_core::auth::{AuthState, Permission, TokenId};
 use leasehold_core::{Command, LockError, LockTable, Response};
 
 use crate::auth_cache::Known;
+use crate::context::NodeContext;
 use crate::raft::Consensus;
 
 pub use auth::{AuthView, NewToken, RoleView};
@@ -64,6 +65,8 @@ pub enum PlantedBug {
 #[derive(Clone)]
 pub struct LockService {
     consensus: Consensus,
+    /// The node's metrics and auth cache.
+    context: Arc<NodeContext>,
     bearer: Option<Arc<str>>,
     /// Refuse callers from elsewhere while auth is off (`--require-auth`).
     require_auth: bool,
@@ -77,10 +80,12 @@ pub struct LockService {
 }
 
 impl LockService {
-    /// Serves operations from `consensus`.
-    pub fn new(consensus: Consensus) -> Self {
+    /// Serves operations from `consensus`, counting them in `context`'s
+    /// metrics and checking tokens through its cache.
+    pub fn new(consensus: Consensus, context: Arc<NodeContext>) -> Self {
         LockService {
             consensus,
+            context,
             bearer: None,
             require_auth: false,
             local: false,
@@ -139,7 +144,7 @@ impl LockService {
     /// anything is proposed, so a bad token costs no disk write. The table
     /// checks again when the command applies.
     async fn caller_here(&self) -> Result<Option<TokenId>, ApiError> {
-        let cache = &self.consensus.hub().auth;
+        let cache = &self.context.auth;
         let version = cache.version();
         match cache.get(version, self.bearer.as_ref()) {
             Some(Known::Off) => return Ok(self.open_caller()?),
@@ -211,6 +216,11 @@ impl LockService {
         self
     }
 
+    /// The node's metrics and auth cache.
+    pub fn context(&self) -> &NodeContext {
+        &self.context
+    }
+
     /// The node underneath.
     pub fn consensus(&self) -> &Consensus {
         &self.consensus
@@ -225,10 +235,7 @@ impl LockService {
         let started = std::time::Instant::now();
         let result = call.await;
         let code = result.as_ref().err().map_or("ok", ApiError::code);
-        self.consensus
-            .hub()
-            .metrics
-            .request(op, code, started.elapsed());
+        self.context.metrics.request(op, code, started.elapsed());
         result
     }
 

@@ -60,7 +60,7 @@ impl LockService {
                     Ok(Ok(WaitResult::Granted(grant)))
                         if self.consensus.read_local(|t| t.epoch()).await == queued_in =>
                     {
-                        hub.metrics.waited(queued_at.elapsed());
+                        self.context.metrics.waited(queued_at.elapsed());
                         Ok(grant)
                     }
                     // A leadership began while this call waited: the new
@@ -74,7 +74,7 @@ impl LockService {
                     // leader re-attaches and is answered with it.
                     Ok(Ok(WaitResult::Granted(_))) => match self.propose_as(command).await {
                         Ok(Response::Acquired(grant)) => {
-                            hub.metrics.waited(queued_at.elapsed());
+                            self.context.metrics.waited(queued_at.elapsed());
                             Ok(grant)
                         }
                         Ok(other) => Err(unexpected(other)),
