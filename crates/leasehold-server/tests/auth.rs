@@ -576,42 +576,14 @@ async fn a_token_request_sent_again_with_its_secret_makes_one_token() {
 /// data is the JSON error body every other refusal has.
 #[tokio::test]
 async fn a_watch_ended_by_a_revoked_token_says_why_in_json() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = Leaseholdd::start();
     let addr = server.addr.as_str();
     let root = enable(addr).await;
     let jobs = jobs_token(addr, &root).await;
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!(
-        "GET /v1/watch?prefix=jobs/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {jobs}\r\n\r\n"
-    );
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    // The stream is open once its headers are in.
-    while !seen.contains("\r\n\r\n") {
-        let n = stream.read(&mut buf).await.expect("read");
-        assert!(n > 0, "closed early: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    let watch = common::RawWatch::open(addr, "/v1/watch?prefix=jobs/", Some(&jobs)).await;
     let (status, body) = call("DELETE", addr, "/v1/auth/tokens/2", Some(&root), None).await;
     assert_eq!(status, 200, "{body}");
-    let data = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some(event) = seen.split("event: error\n").nth(1) {
-                if let Some(line) = event.lines().find(|l| l.starts_with("data: ")) {
-                    return line["data: ".len()..].to_string();
-                }
-            }
-            let n = stream.read(&mut buf).await.expect("read");
-            assert!(n > 0, "closed without an error event: {seen}");
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    })
-    .await
-    .expect("an error event");
-    let error: Value = serde_json::from_str(&data).expect("JSON error data");
+    let error = watch.error().await;
     assert_eq!(error["error"]["code"], "unauthenticated", "{error}");
     assert!(error["error"]["message"].is_string(), "{error}");
 }

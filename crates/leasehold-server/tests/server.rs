@@ -914,7 +914,6 @@ async fn recent_events_held_keys_and_waits_over_http() {
 /// own code, `watch_behind` (list again, then watch again), not `internal`.
 #[tokio::test]
 async fn a_watch_that_falls_behind_says_so_with_its_own_code() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let server = Leaseholdd::start();
     let (_, lease) = post(
         &server,
@@ -935,40 +934,13 @@ async fn a_watch_that_falls_behind_says_so_with_its_own_code() {
         .await;
         assert_eq!(status, 200, "{body}");
     }
-    let mut stream = tokio::net::TcpStream::connect(&server.addr)
-        .await
-        .expect("connect");
-    stream
-        .write_all(b"GET /v1/watch?prefix=bulk/ HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("send");
-    let mut seen = String::new();
-    let mut buf = [0u8; 65536];
-    while !seen.contains("\r\n\r\n") {
-        let n = stream.read(&mut buf).await.expect("read");
-        assert!(n > 0, "closed early: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
+    let watch = common::RawWatch::open(&server.addr, "/v1/watch?prefix=bulk/", None).await;
     let r = reqwest::Client::new()
         .delete(format!("{}/v1/leases/{lease}", server.url()))
         .send()
         .await
         .expect("revoke");
     assert_eq!(r.status().as_u16(), 200);
-    let data = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            if let Some(event) = seen.split("event: error\n").nth(1) {
-                if let Some(line) = event.lines().find(|l| l.starts_with("data: ")) {
-                    return line["data: ".len()..].to_string();
-                }
-            }
-            let n = stream.read(&mut buf).await.expect("read");
-            assert!(n > 0, "closed without an error event");
-            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    })
-    .await
-    .expect("an error event");
-    let error: Value = serde_json::from_str(&data).expect("JSON error data");
+    let error = watch.error().await;
     assert_eq!(error["error"]["code"], "watch_behind", "{error}");
 }

@@ -165,3 +165,51 @@ pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     SERIAL.lock().await
 }
+
+/// A watch read over a plain HTTP/1.1 connection, to see how it ends.
+pub struct RawWatch {
+    stream: tokio::net::TcpStream,
+    seen: String,
+}
+
+impl RawWatch {
+    /// Opens `path` (`/v1/watch?...`) on `addr`, with `bearer` if given,
+    /// and reads until its headers are in: the watch is then registered.
+    pub async fn open(addr: &str, path: &str, bearer: Option<&str>) -> RawWatch {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let auth = bearer.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        let mut seen = String::new();
+        let mut buf = [0u8; 65536];
+        while !seen.contains("\r\n\r\n") {
+            let n = stream.read(&mut buf).await.expect("read");
+            assert!(n > 0, "closed early: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+        RawWatch { stream, seen }
+    }
+
+    /// The data of the `error` event the watch ends with, as JSON.
+    pub async fn error(mut self) -> serde_json::Value {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 65536];
+        let data = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            loop {
+                if let Some(event) = self.seen.split("event: error\n").nth(1) {
+                    if let Some(line) = event.lines().find(|l| l.starts_with("data: ")) {
+                        return line["data: ".len()..].to_string();
+                    }
+                }
+                let n = self.stream.read(&mut buf).await.expect("read");
+                assert!(n > 0, "closed without an error event");
+                self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        })
+        .await
+        .expect("an error event");
+        serde_json::from_str(&data).expect("JSON error data")
+    }
+}
