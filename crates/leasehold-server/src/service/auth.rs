@@ -2,9 +2,10 @@
 //! change is a log entry the table checks when it applies.
 
 use leasehold_core::auth::{self, AuditEntry, AuthChange, Permission, Rule, TokenId, TokenView};
-use leasehold_core::{Command, Response};
+use leasehold_core::Command;
 
-use super::{unexpected, ApiError, LockService};
+use super::proposals::ChangeAuth;
+use super::{ApiError, LockService};
 
 impl LockService {
     /// Proposes a change to auth on behalf of the caller (anyone while auth
@@ -32,12 +33,10 @@ impl LockService {
             token,
             command: Box::new(change),
         };
-        self.measured("auth", async move {
-            match self.propose(command).await? {
-                Response::AuthChanged { token } => Ok(token),
-                other => Err(unexpected(other)),
-            }
-        })
+        self.measured(
+            "auth",
+            async move { self.propose(ChangeAuth(command)).await },
+        )
         .await
     }
 

@@ -2,11 +2,12 @@
 //! once, or through the wait protocol in `wait`), release, and save a
 //! checkpoint.
 
-use leasehold_core::{limits, Command, Fence, Grant, LeaseId, Mode, RequestId, Response};
+use leasehold_core::{limits, Command, Fence, Grant, LeaseId, Mode, RequestId};
 
+use super::proposals::{Joined, NewLease, Queue, Release, Renew, Revoke, Save, Take};
 #[cfg(feature = "planted-bugs")]
 use super::PlantedBug;
-use super::{audit, unexpected, ApiError, LockService};
+use super::{audit, ApiError, LockService};
 
 /// The lease an acquire is made under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,27 +79,22 @@ impl LockService {
         self.measured("grant", async move {
             limits::validate_ttl(ttl_ms)?;
             limits::validate_holder(&holder)?;
-            let command = Command::Grant {
+            let lease = NewLease {
                 ttl_ms,
                 holder,
                 request_id,
             };
-            match self.propose_as(command).await? {
-                Response::LeaseGranted { lease, ttl_ms } => Ok((lease, ttl_ms)),
-                other => Err(unexpected(other)),
-            }
+            self.propose_as(lease).await
         })
         .await
     }
 
     /// Renews a lease to its full TTL.
     pub async fn keep_alive(&self, lease: LeaseId) -> Result<u64, ApiError> {
-        self.measured("keep_alive", async move {
-            match self.propose_as(Command::KeepAlive { lease }).await? {
-                Response::Renewed { ttl_ms } => Ok(ttl_ms),
-                other => Err(unexpected(other)),
-            }
-        })
+        self.measured(
+            "keep_alive",
+            async move { self.propose_as(Renew(lease)).await },
+        )
         .await
     }
 
@@ -114,21 +110,17 @@ impl LockService {
                     (owner != Some(who)).then(|| (t.auth().who(Some(who)), t.auth().who(owner)))
                 })
                 .await;
-            match self.propose_as(Command::Revoke { lease }).await? {
-                Response::Revoked { released } => {
-                    if let Some((who, owner)) = others {
-                        audit(
-                            &who,
-                            &format!(
-                                "lease {lease} of {owner} revoked, releasing {} keys",
-                                released.len()
-                            ),
-                        );
-                    }
-                    Ok(released)
-                }
-                other => Err(unexpected(other)),
+            let released = self.propose_as(Revoke(lease)).await?;
+            if let Some((who, owner)) = others {
+                audit(
+                    &who,
+                    &format!(
+                        "lease {lease} of {owner} revoked, releasing {} keys",
+                        released.len()
+                    ),
+                );
             }
+            Ok(released)
         })
         .await
     }
@@ -165,26 +157,22 @@ impl LockService {
                 }
             };
             if args.wait_ms == 0 {
-                return match self.propose_as(command).await? {
-                    Response::Acquired(grant) => Ok(grant),
-                    other => Err(unexpected(other)),
-                };
+                return self.propose_as(Take(command)).await;
             }
             let lease = match args.lease {
                 LeaseSpec::Existing(lease) => lease,
                 // The new lease's id is known only from the answer: queue (or
                 // take the key) first, then wait as that lease.
-                LeaseSpec::New { .. } => match self.propose_as(command).await? {
-                    Response::Acquired(grant) => return Ok(grant),
-                    Response::Queued { lease, .. } => {
+                LeaseSpec::New { .. } => match self.propose_as(Queue(command)).await? {
+                    Joined::Granted(grant) => return Ok(grant),
+                    Joined::Queued { lease, .. } => {
                         let waited = self.wait(lease, &args).await;
                         if waited.is_err() {
                             // Made for this lock alone: do not leave it behind.
-                            let _ = self.propose(Command::Revoke { lease }).await;
+                            let _ = self.propose(Revoke(lease)).await;
                         }
                         return waited;
                     }
-                    other => return Err(unexpected(other)),
                 },
             };
             self.wait(lease, &args).await
@@ -218,29 +206,22 @@ impl LockService {
         let (lease, made) = match &args.lease {
             LeaseSpec::Existing(lease) => (*lease, false),
             LeaseSpec::New { ttl_ms, holder } => {
-                let grant = Command::Grant {
+                let lease = NewLease {
                     ttl_ms: *ttl_ms,
                     holder: holder.clone(),
                     request_id: args.request_id,
                 };
-                match self.propose_as(grant).await? {
-                    Response::LeaseGranted { lease, .. } => (lease, true),
-                    other => return Err(unexpected(other)),
-                }
+                (self.propose_as(lease).await?.0, true)
             }
         };
         let result = if args.wait_ms == 0 {
-            match self.propose_as(args.command(lease)).await {
-                Ok(Response::Acquired(grant)) => Ok(grant),
-                Ok(other) => Err(unexpected(other)),
-                Err(e) => Err(e),
-            }
+            self.propose_as(Take(args.command(lease))).await
         } else {
             self.wait(lease, &args).await
         };
         if made && result.is_err() {
             // Made for this set alone: do not leave it behind.
-            let _ = self.propose(Command::Revoke { lease }).await;
+            let _ = self.propose(Revoke(lease)).await;
         }
         result
     }
@@ -264,17 +245,12 @@ impl LockService {
                     .map_or(fence, |h| h.fence),
                 _ => fence,
             };
-            match self
-                .propose_as(Command::Release {
-                    key,
-                    fence,
-                    request_id,
-                })
-                .await?
-            {
-                Response::Released => Ok(()),
-                other => Err(unexpected(other)),
-            }
+            let release = Release {
+                key,
+                fence,
+                request_id,
+            };
+            self.propose_as(release).await
         })
         .await
     }
@@ -293,13 +269,7 @@ impl LockService {
             if self.planted == Some(PlantedBug::LostCheckpoint) {
                 return Ok(());
             }
-            match self
-                .propose_as(Command::SaveCheckpoint { key, fence, data })
-                .await?
-            {
-                Response::CheckpointSaved => Ok(()),
-                other => Err(unexpected(other)),
-            }
+            self.propose_as(Save { key, fence, data }).await
         })
         .await
     }

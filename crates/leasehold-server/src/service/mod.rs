@@ -14,12 +14,14 @@
 //! - `watch`: lock events as they happen, and the node's recent ones;
 //! - `cluster`: membership;
 //! - `auth`: roles, tokens and the audit trail;
+//! - `proposals`: each command proposed, typed with the answer it gets;
 //! - `errors`: [`ApiError`], what every operation fails with.
 
 mod auth;
 mod cluster;
 mod errors;
 mod locks;
+mod proposals;
 mod reads;
 mod wait;
 mod watch;
@@ -27,11 +29,12 @@ mod watch;
 use std::sync::Arc;
 
 use leasehold_core::auth::{AuthState, Permission, TokenId};
-use leasehold_core::{Command, LockError, LockTable, Response};
+use leasehold_core::{LockError, LockTable};
 
 use crate::auth_cache::Known;
 use crate::context::NodeContext;
 use crate::raft::Consensus;
+use proposals::Proposal;
 
 pub use auth::{AuthView, NewToken, RoleView};
 use errors::unexpected;
@@ -239,21 +242,19 @@ impl LockService {
         result
     }
 
-    async fn propose(&self, command: Command) -> Result<Response, ApiError> {
-        Ok(self.consensus.propose(command).await??)
+    /// Proposes a command and takes its answer out of the table's response.
+    async fn propose<P: Proposal>(&self, proposal: P) -> Result<P::Answer, ApiError> {
+        let response = self.consensus.propose(proposal.into_command()).await??;
+        P::answer(response).map_err(unexpected)
     }
 
     /// Proposes a caller's command, on behalf of its token. It is always
     /// wrapped, with auth off too: a leader that has not yet applied the
     /// entry that turned auth on still proposes it as the caller's, and the
     /// table refuses it there.
-    async fn propose_as(&self, command: Command) -> Result<Response, ApiError> {
+    async fn propose_as<P: Proposal>(&self, proposal: P) -> Result<P::Answer, ApiError> {
         let token = self.caller_here().await?;
-        self.propose(Command::As {
-            token,
-            command: Box::new(command),
-        })
-        .await
+        self.propose(proposals::As { token, proposal }).await
     }
 }
 

@@ -20,8 +20,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::{Command, Grant, LeaseId, LockError, RequestId, Response, WaitEnd};
+use leasehold_core::{Command, Grant, LeaseId, LockError, RequestId, WaitEnd};
 
+use super::proposals::{Joined, Proposal, Queue, Take, Withdraw};
 use super::{unexpected, AcquireArgs, ApiError, LockService};
 use crate::hub::WaitResult;
 use crate::raft::Consensus;
@@ -47,11 +48,11 @@ impl LockService {
             ended: false,
         };
         let queued_at = std::time::Instant::now();
-        let first = self.propose_as(command.clone()).await;
+        let first = self.propose_as(Queue(command.clone())).await;
         let queued_in = self.consensus.read_local(|t| t.epoch()).await;
         let result = match first {
-            Ok(Response::Acquired(grant)) => Ok(grant),
-            Ok(Response::Queued { attempt, .. }) => {
+            Ok(Joined::Granted(grant)) => Ok(grant),
+            Ok(Joined::Queued { attempt, .. }) => {
                 cancel.attempt = attempt;
                 // The table's own deadline ends the wait; the margin covers a
                 // leader change that would lose the tick.
@@ -72,12 +73,11 @@ impl LockService {
                     // answered with the grant, which is then kept; or, here
                     // on a follower, refused, and the caller's retry at the
                     // leader re-attaches and is answered with it.
-                    Ok(Ok(WaitResult::Granted(_))) => match self.propose_as(command).await {
-                        Ok(Response::Acquired(grant)) => {
+                    Ok(Ok(WaitResult::Granted(_))) => match self.propose_as(Take(command)).await {
+                        Ok(grant) => {
                             self.context.metrics.waited(queued_at.elapsed());
                             Ok(grant)
                         }
-                        Ok(other) => Err(unexpected(other)),
                         Err(ApiError::Lock(e)) => Err(e.into()),
                         // Not confirmed: leave `cancel` armed. If this came
                         // back for the grant after all, it is a later attempt
@@ -112,7 +112,6 @@ impl LockService {
                     }
                 }
             }
-            Ok(other) => Err(unexpected(other)),
             Err(ApiError::Lock(e)) => Err(e.into()),
             // The outcome is unknown: leave `cancel` armed.
             Err(e) => {
@@ -171,12 +170,8 @@ impl CancelOnDrop {
             request_id: self.request_id,
             attempt: self.attempt,
         };
-        match consensus.propose(command).await {
-            Ok(Ok(Response::WaitCancelled)) => Ok(()),
-            Ok(Ok(other)) => Err(unexpected(other)),
-            Ok(Err(e)) => Err(e.into()),
-            Err(e) => Err(e.into()),
-        }
+        let response = consensus.propose(command).await??;
+        Withdraw::answer(response).map_err(unexpected)
     }
 }
 
