@@ -1,9 +1,9 @@
 //! A gate for one process guarding its own state.
 
+use parking_lot::Mutex;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
 
 use crate::{Fence, FenceGate, GateError, Stale};
 
@@ -29,12 +29,10 @@ impl MemoryGate {
         }
     }
 
-    fn shard(&self, resource: &str) -> std::sync::MutexGuard<'_, HashMap<String, Fence>> {
+    fn shard(&self, resource: &str) -> parking_lot::MutexGuard<'_, HashMap<String, Fence>> {
         let mut h = DefaultHasher::new();
         resource.hash(&mut h);
-        self.shards[(h.finish() as usize) % SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.shards[(h.finish() as usize) % SHARDS].lock()
     }
 
     /// Admits `fence` and runs `write` under the same shard lock, so the write

@@ -12,9 +12,10 @@
 //! microseconds stale (between a change applying and the version moving)
 //! never lets a revoked token act.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use leasehold_core::auth::TokenId;
 use leasehold_core::LockError;
@@ -58,8 +59,8 @@ impl AuthCache {
         self.version.load(Ordering::Acquire)
     }
 
-    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn inner(&self) -> parking_lot::MutexGuard<'_, Inner> {
+        self.inner.lock()
     }
 
     /// What is known at `version` about `bearer`.

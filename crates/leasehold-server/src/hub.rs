@@ -1,8 +1,8 @@
 //! Carries what the state machine did to whoever is waiting for it: queued
 //! acquirers, watch streams and the expiry driver.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 
 use leasehold_core::{Event, Grant, LeaseId, RequestId, WaitEnd};
 use tokio::sync::{broadcast, oneshot, Notify};
@@ -65,8 +65,8 @@ impl Default for Hub {
 impl Hub {
     fn waiters(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<WaitKey, Vec<oneshot::Sender<WaitResult>>>> {
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    ) -> parking_lot::MutexGuard<'_, HashMap<WaitKey, Vec<oneshot::Sender<WaitResult>>>> {
+        self.waiters.lock()
     }
 
     /// Registers interest in how `lease`'s wait for `key` ends. Register before
@@ -83,7 +83,7 @@ impl Hub {
     /// A call begins listening for a wait (a first attempt, or a retry that
     /// re-attaches to it); its attempt number.
     pub fn attempt_begin(&self, lease: LeaseId, key: &str, request_id: RequestId) -> u64 {
-        let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut attempts = self.attempts.lock();
         let entry = attempts
             .entry((lease, key.to_string(), request_id))
             .or_insert((0, 0));
@@ -101,7 +101,7 @@ impl Hub {
         request_id: RequestId,
         attempt: u64,
     ) -> bool {
-        let mut attempts = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut attempts = self.attempts.lock();
         let k = (lease, key.to_string(), request_id);
         let Some(entry) = attempts.get_mut(&k) else {
             return true;
@@ -133,7 +133,7 @@ impl Hub {
 
     /// The last [`RECENT_EVENTS`] lock events this node applied, oldest first.
     pub fn recent(&self) -> Vec<Stamped> {
-        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let recent = self.recent.lock();
         recent.iter().cloned().collect()
     }
 
@@ -158,7 +158,7 @@ impl Hub {
         if last.is_empty() {
             return;
         }
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut recent = self.recent.lock();
         for event in last.into_iter().rev() {
             if recent.len() == RECENT_EVENTS {
                 recent.pop_front();

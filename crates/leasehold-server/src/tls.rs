@@ -16,9 +16,10 @@
 //!   connections get the new certificates, open ones and every lock stay.
 //!   A file that does not load leaves the old settings in force.
 
+use parking_lot::RwLock;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -154,17 +155,14 @@ impl Tls {
     }
 
     fn current(&self) -> Arc<Loaded> {
-        self.loaded
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.loaded.read().clone()
     }
 
     /// Reads every file again; on an error the settings in force stay.
     pub fn reload(&self) -> anyhow::Result<()> {
         let generation = self.current().generation + 1;
         let loaded = load(&self.files, generation)?;
-        *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(loaded);
+        *self.loaded.write() = Arc::new(loaded);
         Ok(())
     }
 

@@ -18,8 +18,9 @@
 //! unknown. The log is kept out of the history, so a seed's history is the
 //! same with or without it.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use leasehold_core::{Command, Event, LeaseId, Mode, Response, Time};
 use leasehold_server::raft::{AppliedCommand, ApplyTap};
@@ -66,15 +67,11 @@ impl AppliedLog {
 
     /// What was followed so far, and what broke.
     pub fn stats(&self) -> AppliedStats {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .stats
-            .clone()
+        self.0.lock().stats.clone()
     }
 
     fn observe(&self, index: u64, commands: &[AppliedCommand]) {
-        let mut model = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut model = self.0.lock();
         if model.stats.gap_at.is_some() || index <= model.last {
             return;
         }

@@ -13,10 +13,11 @@
 //! the disk only at the next periodic writeback (as the kernel's page cache
 //! does), and a power loss can lose entries a majority counted as written.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::RangeBounds;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_server::raft::{NodeId, TypeConfig};
@@ -46,7 +47,7 @@ struct DiskState {
 
 impl Disk {
     fn lock(&self) -> MutexGuard<'_, DiskState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// The process died: everything written after the last completed sync

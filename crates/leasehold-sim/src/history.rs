@@ -1,8 +1,9 @@
 //! Everything a run records, in the order it happened, on the world's clock.
 
+use parking_lot::Mutex;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use leasehold_core::{Fence, LeaseId};
 
@@ -187,31 +188,22 @@ impl History {
     /// Records `event` as happening now.
     pub fn record(&self, event: Event) {
         let at = self.now();
-        self.records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Record { at, event });
+        self.records.lock().push(Record { at, event });
     }
 
     /// Asks the world to freeze `host`'s process for `span` after this
     /// tick (a stop-the-world pause: a client cannot freeze itself).
     pub fn request_pause(&self, host: &str, span: Micros) {
-        self.pauses
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((host.to_string(), span));
+        self.pauses.lock().push((host.to_string(), span));
     }
 
     /// The pauses asked for since the last call.
     pub(crate) fn take_pauses(&self) -> Vec<(String, Micros)> {
-        std::mem::take(&mut *self.pauses.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.pauses.lock())
     }
 
     /// Everything recorded so far.
     pub fn records(&self) -> Vec<Record> {
-        self.records
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.records.lock().clone()
     }
 }

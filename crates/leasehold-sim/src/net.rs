@@ -7,8 +7,9 @@
 //! caller waits until its own timeout, as over TCP. A node that is down
 //! refuses at once (after the delay), as a closed port does.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -170,7 +171,7 @@ impl Net {
     }
 
     fn lock(&self) -> MutexGuard<'_, NetState> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// Opens `addr`'s inbox (a node starting).

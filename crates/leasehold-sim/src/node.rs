@@ -2,9 +2,10 @@
 //! expiry driver and lock service, over the simulated disk, network and
 //! clock.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_server::context::NodeContext;
@@ -29,7 +30,7 @@ pub struct Registry(Arc<Mutex<BTreeMap<NodeId, Consensus>>>);
 
 impl Registry {
     fn lock(&self) -> MutexGuard<'_, BTreeMap<NodeId, Consensus>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.lock()
     }
 
     /// Forgets a node that died.

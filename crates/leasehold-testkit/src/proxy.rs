@@ -7,11 +7,12 @@
 //! client under test sees exactly what a real network fault shows it: a
 //! connection reset with a request sent and no answer.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Default)]
@@ -55,12 +56,7 @@ impl FaultProxy {
                 }
                 let Ok(client) = client else { continue };
                 let source = client.peer_addr().map(|a| a.ip()).ok();
-                let blocked = source.is_some_and(|ip| {
-                    f.blocked
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .contains(&ip)
-                });
+                let blocked = source.is_some_and(|ip| f.blocked.lock().contains(&ip));
                 if blocked {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
@@ -95,16 +91,8 @@ impl FaultProxy {
 
     /// Closes the connections from `source` and refuses new ones from it.
     pub fn block_from(&self, source: IpAddr) {
-        self.faults
-            .blocked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(source);
-        let mut sockets = self
-            .faults
-            .sockets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        self.faults.blocked.lock().insert(source);
+        let mut sockets = self.faults.sockets.lock();
         sockets.retain(|(ip, s)| {
             if *ip == source {
                 let _ = s.shutdown(Shutdown::Both);
@@ -119,11 +107,7 @@ impl FaultProxy {
 impl FaultProxy {
     /// Lets every source connect again (connections already cut stay cut).
     pub fn allow_all(&self) {
-        self.faults
-            .blocked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.faults.blocked.lock().clear();
     }
 }
 
@@ -137,7 +121,7 @@ impl Drop for FaultProxy {
 }
 
 fn close_all(faults: &Faults) {
-    let sockets = std::mem::take(&mut *faults.sockets.lock().unwrap_or_else(|e| e.into_inner()));
+    let sockets = std::mem::take(&mut *faults.sockets.lock());
     for (_, s) in sockets {
         let _ = s.shutdown(Shutdown::Both);
     }
@@ -149,7 +133,7 @@ fn link(faults: &Arc<Faults>, source: IpAddr, client: TcpStream, server: TcpStre
         return;
     };
     {
-        let mut sockets = faults.sockets.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sockets = faults.sockets.lock();
         for s in [&client, &server] {
             if let Ok(s) = s.try_clone() {
                 sockets.push((source, s));

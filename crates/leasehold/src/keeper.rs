@@ -12,8 +12,9 @@
 //! - stopping waits for a renewal in flight, so nothing is ever renewed after
 //!   a release is sent (the ordering bug Redisson users hit, #7272).
 
+use parking_lot::Mutex;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -68,7 +69,7 @@ impl Liveness {
     /// Marks the lease lost, with why. The first reason wins.
     pub fn lose(&self, reason: impl Into<String>) {
         {
-            let mut r = self.inner.reason.lock().unwrap_or_else(|e| e.into_inner());
+            let mut r = self.inner.reason.lock();
             if r.is_none() {
                 *r = Some(reason.into());
             }
@@ -81,26 +82,17 @@ impl Liveness {
         self.inner
             .reason
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .clone()
             .unwrap_or_else(|| "lost".into())
     }
 
     /// The client-side deadline.
     pub fn deadline(&self) -> Instant {
-        *self
-            .inner
-            .deadline
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        *self.inner.deadline.lock()
     }
 
     fn set_deadline(&self, deadline: Instant) {
-        *self
-            .inner
-            .deadline
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = deadline;
+        *self.inner.deadline.lock() = deadline;
     }
 
     /// Whether the lease is still good right now: not marked lost, and the

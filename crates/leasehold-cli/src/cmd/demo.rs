@@ -6,8 +6,9 @@
 //! Nothing is scripted to an outcome; what is printed is what the gate and the
 //! timing did.
 
+use parking_lot::Mutex;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -27,8 +28,8 @@ const B_DEPOSIT: i64 = 30;
 
 type Balance = Arc<Mutex<i64>>;
 
-fn lock(b: &Balance) -> std::sync::MutexGuard<'_, i64> {
-    b.lock().unwrap_or_else(|e| e.into_inner())
+fn lock(b: &Balance) -> parking_lot::MutexGuard<'_, i64> {
+    b.lock()
 }
 
 /// The account service: `/plain/account` has no gate, `/fenced/account` is

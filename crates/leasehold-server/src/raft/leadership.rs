@@ -189,11 +189,11 @@ impl Consensus {
     }
 
     pub(super) fn leader_clock(&self) -> Option<LeaderClock> {
-        *self.leader.lock().unwrap_or_else(|e| e.into_inner())
+        *self.leader.lock()
     }
 
     fn set_leader_clock(&self, clock: Option<LeaderClock>) {
-        *self.leader.lock().unwrap_or_else(|e| e.into_inner()) = clock;
+        *self.leader.lock() = clock;
     }
 
     /// The leader's current time, if this node leads.

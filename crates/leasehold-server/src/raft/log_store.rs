@@ -28,6 +28,7 @@
 //! append's worth at a time) replays only the segments that can hold them or
 //! change them, not the whole log.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::fs::{self, File, OpenOptions};
@@ -37,7 +38,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
@@ -403,7 +404,7 @@ impl LogStore {
             Bound::Unbounded => u64::MAX,
         };
         let numbers: Vec<u64> = {
-            let spans = self.spans.lock().unwrap_or_else(|e| e.into_inner());
+            let spans = self.spans.lock();
             spans
                 .iter()
                 .filter(|(_, span)| span.matters(start, end))
@@ -438,18 +439,15 @@ impl LogStore {
         self.segments_read.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Entries> {
         // A panic while holding this lock would be a bug in this file; the data
         // (a map of entries) stays consistent, so keep serving.
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.entries.lock()
     }
 
     /// Writes records and flushes them: durable when this returns `Ok`.
     fn write(&self, write: Records) -> io::Result<()> {
-        self.writer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .write(write)
+        self.writer.lock().write(write)
     }
 }
 
@@ -589,8 +587,8 @@ impl Writer {
         Ok(())
     }
 
-    fn spans(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Span>> {
-        self.spans.lock().unwrap_or_else(|e| e.into_inner())
+    fn spans(&self) -> parking_lot::MutexGuard<'_, BTreeMap<u64, Span>> {
+        self.spans.lock()
     }
 }
 
@@ -1079,9 +1077,9 @@ mod storage_tests {
         let mut log = LogStore::open(dir.path()).expect("open");
         append(&mut log, vec![blank(1)]).await;
         let read_only = std::fs::File::open(only_segment(dir.path())).unwrap();
-        let good = std::mem::replace(&mut log.writer.lock().unwrap().file, read_only);
+        let good = std::mem::replace(&mut log.writer.lock().file, read_only);
         assert!(log.blocking_append(vec![blank(2)]).await.is_err());
-        log.writer.lock().unwrap().file = good;
+        log.writer.lock().file = good;
         assert!(
             log.blocking_append(vec![blank(2)]).await.is_err(),
             "a write after a failed one was taken"

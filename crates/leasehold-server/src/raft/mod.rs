@@ -28,7 +28,9 @@ pub mod snapshot_store;
 mod state_machine;
 
 use std::io::Cursor;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use leasehold_core::{Command, LockTable, Outcome, Stamp, Time};
 use openraft::{BasicNode, Raft, ServerState};

@@ -14,9 +14,10 @@
 //! fault-injecting proxy in front of it) can tell the nodes apart by their
 //! source address.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -421,7 +422,7 @@ impl GrpcTransport {
     fn client(&self, to: NodeId, addr: &str) -> Option<RaftPeerClient<Channel>> {
         let tls = self.tls.as_ref().and_then(|t| t.peer_client());
         let generation = tls.as_ref().map_or(0, |t| t.generation);
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let mut channels = self.channels.lock();
         let entry = channels
             .entry((to, addr.to_string()))
             .or_insert_with(|| (generation, channel(to, addr, self.source, tls.as_ref())));
@@ -461,7 +462,7 @@ impl Transport for GrpcTransport {
                 PeerCall::Probe => client.probe(message).await,
                 PeerCall::Membership => client.membership(message).await,
             };
-            let mut health = health.lock().unwrap_or_else(|e| e.into_inner());
+            let mut health = health.lock();
             let peer = health.entry(to).or_default();
             match reply {
                 Ok(reply) => {
@@ -509,7 +510,7 @@ pub(super) struct Campaigns {
 impl Campaigns {
     fn refused_by(&self, term: u64, peer: NodeId) {
         {
-            let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+            let mut refused = self.refused.lock();
             // A late answer to an earlier campaign says nothing of this one,
             // and must not wipe the refusals this one already counted.
             if term < refused.0 {
@@ -525,10 +526,7 @@ impl Campaigns {
 
     /// The latest campaign's term and the peers that refused it for its log.
     pub fn latest(&self) -> (u64, std::collections::BTreeSet<NodeId>) {
-        self.refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.refused.lock().clone()
     }
 }
 
@@ -552,19 +550,12 @@ impl Heard {
 
     fn answered(&self, peer: NodeId) {
         let now = tokio::time::Instant::now();
-        self.last
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(peer, now);
+        self.last.lock().insert(peer, now);
     }
 
     /// How long ago `peer` last answered; `None` if it never has.
     pub fn since(&self, peer: NodeId) -> Option<Duration> {
-        let last = *self
-            .last
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&peer)?;
+        let last = *self.last.lock().get(&peer)?;
         Some(last.elapsed())
     }
 }

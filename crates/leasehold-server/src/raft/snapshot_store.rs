@@ -6,10 +6,11 @@
 //! [`MemorySnapshots`] keeps it in memory, for tests and a simulation that
 //! decides itself what a crash loses.
 
+use parking_lot::Mutex;
 use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use leasehold_core::LockTable;
 use openraft::SnapshotMeta;
@@ -125,8 +126,8 @@ pub struct MemorySnapshots {
 type Saved = (Meta, Arc<Vec<u8>>);
 
 impl MemorySnapshots {
-    fn saved(&self) -> std::sync::MutexGuard<'_, Option<Saved>> {
-        self.saved.lock().unwrap_or_else(|e| e.into_inner())
+    fn saved(&self) -> parking_lot::MutexGuard<'_, Option<Saved>> {
+        self.saved.lock()
     }
 }
 

@@ -1,9 +1,10 @@
 //! The lock table as openraft's state machine; its snapshots go to a
 //! [`SnapshotStore`].
 
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::io::{self, Cursor};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use leasehold_core::{Command, Event, LockTable, Outcome, Time};
@@ -81,7 +82,7 @@ impl Shared {
     /// for a blocking thread, or the state machine's own task. A task on
     /// the runtime uses [`Shared::read_async`]. Never held across an `.await`.
     pub fn read(&self) -> RwLockReadGuard<'_, Applied> {
-        self.applied.read().unwrap_or_else(|e| e.into_inner())
+        self.applied.read()
     }
 
     /// Reads the applied state from a task on the runtime. While an entry
@@ -94,10 +95,8 @@ impl Shared {
             let unlocked = self.unlocked.notified();
             tokio::pin!(unlocked);
             unlocked.as_mut().enable();
-            match self.applied.try_read() {
-                Ok(applied) => return f(&applied),
-                Err(TryLockError::Poisoned(e)) => return f(&e.into_inner()),
-                Err(TryLockError::WouldBlock) => {}
+            if let Some(applied) = self.applied.try_read() {
+                return f(&applied);
             }
             unlocked.await;
         }
@@ -108,7 +107,7 @@ impl Shared {
     /// woken when the returned guard goes. Never held across an `.await`.
     fn write(&self) -> Writing<'_> {
         Writing {
-            guard: self.applied.write().unwrap_or_else(|e| e.into_inner()),
+            guard: self.applied.write(),
             _wake: WakeOnDrop(&self.unlocked),
         }
     }

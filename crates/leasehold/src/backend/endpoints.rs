@@ -15,8 +15,9 @@
 //! pause, for up to [`FAILOVER_WAIT`], which covers an election (150–300 ms
 //! by default) with room.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_proto::frame::Op;
@@ -229,10 +230,7 @@ impl Endpoints {
 
     /// The endpoint in use.
     pub fn route(&self) -> Arc<Route> {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.current.lock().clone()
     }
 
     /// After a failure at `from`: moves on (unless another call already did).
@@ -252,7 +250,7 @@ impl Endpoints {
         for addr in targets {
             let route = Self::route_to(&self.routes, &addr, self.tls.as_ref(), self.token.as_ref());
             if let Ok(route) = route.await {
-                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = route;
+                *self.current.lock() = route;
                 return;
             }
         }

@@ -5,8 +5,9 @@
 //! and at the holder's deadline (not strictly FIFO). A lock-delay keeps an
 //! expired holder's key closed for the delay past its deadline.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -52,8 +53,8 @@ impl Held {
 }
 
 impl Shared {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 }
 

@@ -11,7 +11,7 @@
 //! and the counter can both be lost and the counter can go back. Hence
 //! efficiency: good for avoiding duplicate work, not for protecting data.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -159,11 +159,7 @@ impl Redis {
     /// A connection subscribed to `key`'s releases, or `None` if Redis
     /// cannot give one now (the wait then polls).
     async fn listen(&self, key: &str) -> Option<PubSub> {
-        let idle = self
-            .idle_listener
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let idle = self.idle_listener.lock().take();
         let mut listener = match idle {
             Some(l) => l,
             None => {
@@ -187,7 +183,7 @@ impl Redis {
             .await
             .is_ok()
         {
-            *self.idle_listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(listener);
+            *self.idle_listener.lock() = Some(listener);
         }
     }
 

@@ -41,8 +41,9 @@ mod retry;
 mod session;
 mod settle;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::endpoints::Rpc;
@@ -226,13 +227,7 @@ impl Backend for Leaseholdd {
     }
 
     async fn close(&self) {
-        let sessions: Vec<Arc<Session>> = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .map(|(_, s)| s)
-            .collect();
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().drain().map(|(_, s)| s).collect();
         for s in sessions {
             Self::end_session(&self.endpoints, &s).await;
         }

@@ -1,8 +1,9 @@
 //! Session leases: one per TTL, shared by the locks taken with it, or one
 //! made for a single lock; renewed by a keeper until ended.
 
+use parking_lot::Mutex;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_proto::frame::Op;
@@ -34,7 +35,7 @@ pub(super) struct Claim {
 impl Claim {
     /// `None` if the session already has the key.
     pub(super) fn take(session: &Arc<Session>, key: &str) -> Option<Claim> {
-        let mut keys = session.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys = session.keys.lock();
         keys.insert(key.to_string()).then(|| Claim {
             session: session.clone(),
             key: key.to_string(),
@@ -44,17 +45,13 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.session
-            .keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
+        self.session.keys.lock().remove(&self.key);
     }
 }
 
 impl Leaseholdd {
     fn live_session(&self, ttl_ms: u64) -> Option<Arc<Session>> {
-        let sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let sessions = self.sessions.lock();
         sessions
             .get(&ttl_ms)
             .filter(|s| s.liveness.is_live())
@@ -74,10 +71,7 @@ impl Leaseholdd {
             return Ok(s);
         }
         let session = self.open_session(ttl, holder, false).await?;
-        self.sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ttl_ms, session.clone());
+        self.sessions.lock().insert(ttl_ms, session.clone());
         Ok(session)
     }
 
@@ -158,11 +152,7 @@ impl Leaseholdd {
 
     /// Stops renewing a session and ends it on the server.
     pub(super) async fn end_session(endpoints: &Endpoints, session: &Session) {
-        let keeper = session
-            .keeper
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let keeper = session.keeper.lock().take();
         if let Some(k) = keeper {
             k.stop().await;
         }
