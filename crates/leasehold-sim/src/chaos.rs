@@ -148,6 +148,7 @@ fn emit(event: Value) {
 fn code(e: &Error) -> &'static str {
     match e {
         Error::Held { .. } => "held",
+        Error::LockDelayed { .. } => "lock_delayed",
         Error::Timeout { .. } => "timeout",
         Error::LeaseLost { .. } => "lease_lost",
         Error::StaleFence { .. } => "stale_fence",

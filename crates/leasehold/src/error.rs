@@ -15,6 +15,16 @@ pub enum Error {
         /// The holder's fencing token, where the backend has them.
         fence: Option<Fence>,
     },
+    /// Nobody holds the lock, but it stays closed for the lock-delay after
+    /// its last holder's lease expired (that holder may still be writing):
+    /// try again in `left_ms`, or wait for it.
+    #[error("lock {key:?} is closed for the lock-delay after an expiry: {left_ms} ms left")]
+    LockDelayed {
+        /// The key.
+        key: String,
+        /// Milliseconds until it opens.
+        left_ms: u64,
+    },
     /// The wait for the lock ran out.
     #[error("timed out waiting for lock {key:?}")]
     Timeout {
@@ -85,11 +95,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// The refusal while a key is kept closed by the lock-delay after its
     /// holder's lease expired: nobody holds it, and `left_ms` remain.
-    pub(crate) fn lock_delayed(key: &str, left_ms: impl std::fmt::Display) -> Error {
-        Error::Held {
+    pub(crate) fn lock_delayed(key: &str, left_ms: u64) -> Error {
+        Error::LockDelayed {
             key: key.to_string(),
-            holder: format!("nobody (lock-delay after an expiry, {left_ms} ms left)"),
-            fence: None,
+            left_ms,
         }
+    }
+
+    /// Whether the lock was refused because it is taken now: held by
+    /// someone else, or closed by a lock-delay. Trying again later may
+    /// succeed.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Held { .. } | Error::LockDelayed { .. })
     }
 }

@@ -24,7 +24,7 @@ pub async fn acquire(
     };
     let lease = match result {
         Ok(lease) => lease,
-        Err(e @ (Error::Held { .. } | Error::Timeout { .. })) => {
+        Err(e @ (Error::Held { .. } | Error::LockDelayed { .. } | Error::Timeout { .. })) => {
             eprintln!("leasehold: {e}");
             return Ok(EXIT_NOT_ACQUIRED);
         }

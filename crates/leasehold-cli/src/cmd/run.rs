@@ -67,6 +67,10 @@ async fn take(client: &Client, key: &str, o: &Options) -> anyhow::Result<Option<
                 eprintln!("leasehold: {key} is held by {holder}{fence}");
                 return Ok(None);
             }
+            Err(e @ Error::LockDelayed { .. }) => {
+                eprintln!("leasehold: {e}");
+                return Ok(None);
+            }
             Err(Error::Timeout { .. }) => {
                 let holder = client
                     .status(key)

@@ -99,7 +99,10 @@ impl Backend for Memory {
                 match state.holder(key, sent_at) {
                     Some(h) if wait.is_none() && h.deadline <= sent_at => {
                         let left = (h.closed_until() - sent_at).as_millis();
-                        return Err(Error::lock_delayed(key, left));
+                        return Err(Error::lock_delayed(
+                            key,
+                            u64::try_from(left).unwrap_or(u64::MAX),
+                        ));
                     }
                     Some(h) if wait.is_none() => {
                         return Err(Error::Held {

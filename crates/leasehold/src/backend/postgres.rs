@@ -141,7 +141,9 @@ impl Postgres {
             .map_err(db_error)?;
         let key = key.to_string();
         Ok(match row {
-            Some(r) if !r.get::<_, bool>(2) => Error::lock_delayed(&key, r.get::<_, i64>(3)),
+            Some(r) if !r.get::<_, bool>(2) => {
+                Error::lock_delayed(&key, u64::try_from(r.get::<_, i64>(3)).unwrap_or(0))
+            }
             Some(r) => Error::Held {
                 key,
                 holder: r.get(0),

@@ -115,6 +115,7 @@ impl Shared {
     fn error(&self, e: &Error) {
         let kind = match e {
             Error::Held { .. } => "held",
+            Error::LockDelayed { .. } => "lock_delayed",
             Error::Timeout { .. } => "timeout",
             Error::LeaseLost { .. } => "lease_lost",
             Error::StaleFence { .. } => "stale_fence",

@@ -49,9 +49,12 @@ fn lock_error(
             holder: field("holder").unwrap_or_default(),
             fence: fence("fence"),
         },
-        Some("lock_delayed") => {
-            Error::lock_delayed(key, field("delay-left-ms").unwrap_or_default())
-        }
+        Some("lock_delayed") => Error::lock_delayed(
+            key,
+            field("delay-left-ms")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_default(),
+        ),
         Some("stale_fence") => Error::StaleFence {
             presented: fence("presented-fence").unwrap_or(0),
             current: fence("current-fence"),
