@@ -290,7 +290,11 @@ fn a_paused_run_loses_its_lease_kills_the_command_and_exits_76() {
     let mut stderr = String::new();
     std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(76), "{stderr}");
-    assert!(stderr.contains("lost"), "{stderr}");
+    assert!(stderr.contains("lease on k lost"), "{stderr}");
+    assert!(
+        !stderr.contains("lease on \"\""),
+        "a key-less loss: {stderr}"
+    );
     assert!(!alive(child), "the command survived the loss of the lease");
     let grandchild: i32 = std::fs::read_to_string(&grandchild_file)
         .unwrap()
@@ -422,6 +426,8 @@ fn status_release_and_bad_input() {
     let mut err = String::new();
     std::io::Read::read_to_string(holder.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(err.contains("released"), "{err}");
+    let none = String::from_utf8(run(&server, &["status", "jobs/"]).stdout).unwrap();
+    assert_eq!(none.trim(), "no locks held");
 }
 
 /// Ctrl-C releases the lock and ends the session lease it hung off, so no
