@@ -224,6 +224,73 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// Checks the command's input against the limits ([`crate::limits`]):
+    /// the one list of what each command may carry. The server calls it
+    /// before it proposes anything, so bad input costs no disk write, and
+    /// the table again as it applies, so it is safe whatever proposes to
+    /// it. What needs the table's state (a live lease, the holder of a
+    /// key, the caller's permissions) the table checks itself.
+    pub fn validate(&self) -> Result<(), crate::LockError> {
+        use crate::limits;
+        match self {
+            Command::Grant { ttl_ms, holder, .. } => {
+                limits::validate_ttl(*ttl_ms)?;
+                limits::validate_holder(holder)
+            }
+            Command::Acquire {
+                key,
+                wait_ms,
+                lock_delay_ms,
+                mode,
+                ..
+            } => {
+                limits::validate_key(key)?;
+                limits::validate_wait(*wait_ms, *lock_delay_ms)?;
+                limits::validate_mode(*mode)
+            }
+            Command::GrantAndAcquire {
+                ttl_ms,
+                holder,
+                key,
+                wait_ms,
+                lock_delay_ms,
+                mode,
+                ..
+            } => {
+                limits::validate_ttl(*ttl_ms)?;
+                limits::validate_holder(holder)?;
+                limits::validate_key(key)?;
+                limits::validate_wait(*wait_ms, *lock_delay_ms)?;
+                limits::validate_mode(*mode)
+            }
+            Command::AcquireSet {
+                keys,
+                wait_ms,
+                lock_delay_ms,
+                ..
+            } => {
+                limits::validate_set(keys)?;
+                limits::validate_wait(*wait_ms, *lock_delay_ms)
+            }
+            Command::CancelWait { key, .. } | Command::Release { key, .. } => {
+                limits::validate_key(key)
+            }
+            Command::SaveCheckpoint { key, data, .. } => {
+                limits::validate_key(key)?;
+                limits::validate_checkpoint(data)
+            }
+            Command::As { command, .. } => command.validate(),
+            // Nothing to check, or checked by the auth state as it applies.
+            Command::KeepAlive { .. }
+            | Command::Revoke { .. }
+            | Command::Tick
+            | Command::Auth { .. }
+            | Command::AuthWithCertificate { .. } => Ok(()),
+        }
+    }
+}
+
 /// Bytes a holder saved with its lock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
@@ -378,4 +445,60 @@ pub enum Event {
         /// The change, as the audit trail has it.
         audit: AuditEntry,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LockError, LockTable};
+
+    /// The one check refuses what the table refuses, with the same error,
+    /// and inside a command on behalf of a token too; the table is unchanged.
+    #[test]
+    fn validate_is_the_tables_own_check() {
+        let long = "k".repeat(crate::limits::MAX_KEY_LEN + 1);
+        let bad = [
+            Command::Grant {
+                ttl_ms: 0,
+                holder: "h".into(),
+                request_id: 0,
+            },
+            Command::Acquire {
+                lease: 1,
+                key: long.clone(),
+                wait_ms: 0,
+                lock_delay_ms: 0,
+                request_id: 0,
+                mode: Mode::Exclusive,
+            },
+            Command::SaveCheckpoint {
+                key: "k".into(),
+                fence: 1,
+                data: vec![0; crate::limits::MAX_CHECKPOINT_LEN + 1],
+            },
+            Command::As {
+                token: None,
+                command: Box::new(Command::Release {
+                    key: long,
+                    fence: 1,
+                    request_id: 0,
+                }),
+            },
+        ];
+        let mut table = LockTable::new();
+        let stamp = Stamp { now: 0, epoch: 1 };
+        // Time and the leadership's epoch advance whatever the command.
+        table.apply(stamp, Command::Tick, &mut Vec::new()).unwrap();
+        for command in bad {
+            let checked = command.validate();
+            assert!(
+                matches!(checked, Err(LockError::Invalid { .. })),
+                "{command:?}: {checked:?}"
+            );
+            let before = table.clone();
+            let applied = table.apply(stamp, command.clone(), &mut Vec::new());
+            assert_eq!(applied.err(), checked.err(), "{command:?}");
+            assert_eq!(table, before, "{command:?} changed the table");
+        }
+    }
 }

@@ -160,6 +160,11 @@ impl LockTable {
         token: Option<TokenId>,
         events: &mut Vec<Event>,
     ) -> Outcome {
+        // A command on behalf of a token is checked once its token may
+        // run it (below), as before.
+        if !matches!(command, Command::As { .. }) {
+            command.validate()?;
+        }
         match command {
             Command::Grant {
                 ttl_ms,

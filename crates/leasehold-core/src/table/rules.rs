@@ -183,8 +183,6 @@ impl LockTable {
     // ---- leases ----
 
     fn grant(&mut self, ttl_ms: u64, holder: String, owner: Option<TokenId>) -> Outcome {
-        limits::validate_ttl(ttl_ms)?;
-        limits::validate_holder(&holder)?;
         let id = self.next_lease;
         self.next_lease += 1;
         let deadline = self.now.saturating_add(ttl_ms);
@@ -210,8 +208,6 @@ impl LockTable {
         request_id: RequestId,
         owner: Option<TokenId>,
     ) -> Outcome {
-        limits::validate_ttl(ttl_ms)?;
-        limits::validate_holder(&holder)?;
         let holder: Arc<str> = holder.into();
         let asked = Asked::Grant {
             ttl_ms,
@@ -238,11 +234,6 @@ impl LockTable {
         owner: Option<TokenId>,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        limits::validate_ttl(ttl_ms)?;
-        limits::validate_holder(&holder)?;
-        limits::validate_key(key)?;
-        limits::validate_wait(wait_ms, lock_delay_ms)?;
-        limits::validate_mode(mode)?;
         let holder: Arc<str> = holder.into();
         let asked = Asked::GrantAndAcquire {
             ttl_ms,
@@ -445,9 +436,6 @@ impl LockTable {
         mode: Mode,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        limits::validate_key(key)?;
-        limits::validate_wait(wait_ms, lock_delay_ms)?;
-        limits::validate_mode(mode)?;
         // A retry after the lease ended is told so, not handed a dead grant.
         self.live_lease(lease_id)?;
         let ask = Ask {
@@ -951,7 +939,6 @@ impl LockTable {
         attempt: u64,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        limits::validate_key(key)?;
         let Some((key, lock)) = self.locks.get_key_value(key) else {
             return Ok(Response::WaitCancelled);
         };
@@ -1048,7 +1035,6 @@ impl LockTable {
         data: Vec<u8>,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        limits::validate_checkpoint(&data)?;
         let (key, holding) = self.held_by(key, fence)?;
         let (key, lease) = (key.clone(), holding.lease);
         let data: Arc<[u8]> = data.into();
@@ -1082,7 +1068,6 @@ impl LockTable {
         request_id: RequestId,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        limits::validate_key(key)?;
         if request_id == 0 {
             return self.release(key, fence, events);
         }

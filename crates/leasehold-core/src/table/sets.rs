@@ -36,8 +36,8 @@ impl LockTable {
         request_id: RequestId,
         events: &mut Vec<Event>,
     ) -> Outcome {
+        // Checked by `Command::validate`; here for the sorted keys, each once.
         let keys = limits::validate_set(keys)?;
-        limits::validate_wait(wait_ms, lock_delay_ms)?;
         self.live_lease(lease_id)?;
         // The table's own keys where it has them, so a set shares them.
         let set: Set = keys

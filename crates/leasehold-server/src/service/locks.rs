@@ -77,8 +77,6 @@ impl LockService {
         request_id: RequestId,
     ) -> Result<(LeaseId, u64), ApiError> {
         self.measured("grant", async move {
-            limits::validate_ttl(ttl_ms)?;
-            limits::validate_holder(&holder)?;
             let lease = NewLease {
                 ttl_ms,
                 holder,
@@ -137,25 +135,20 @@ impl LockService {
             if !args.set.is_empty() {
                 return self.acquire_set(args).await;
             }
-            limits::validate_key(&args.key)?;
-            limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
-            limits::validate_mode(args.mode)?;
             let command = match &args.lease {
                 LeaseSpec::Existing(lease) => args.command(*lease),
-                LeaseSpec::New { ttl_ms, holder } => {
-                    limits::validate_ttl(*ttl_ms)?;
-                    limits::validate_holder(holder)?;
-                    Command::GrantAndAcquire {
-                        ttl_ms: *ttl_ms,
-                        holder: holder.clone(),
-                        key: args.key.clone(),
-                        wait_ms: args.wait_ms,
-                        lock_delay_ms: args.lock_delay_ms,
-                        request_id: args.request_id,
-                        mode: args.mode,
-                    }
-                }
+                LeaseSpec::New { ttl_ms, holder } => Command::GrantAndAcquire {
+                    ttl_ms: *ttl_ms,
+                    holder: holder.clone(),
+                    key: args.key.clone(),
+                    wait_ms: args.wait_ms,
+                    lock_delay_ms: args.lock_delay_ms,
+                    request_id: args.request_id,
+                    mode: args.mode,
+                },
             };
+            // Checked before the wait registers for an outcome.
+            command.validate()?;
             if args.wait_ms == 0 {
                 return self.propose_as(Take(command)).await;
             }
@@ -196,7 +189,8 @@ impl LockService {
             Some(first) => first.clone(),
             None => return Err(ApiError::invalid("keys", "a lock set needs a key")),
         };
-        limits::validate_wait(args.wait_ms, args.lock_delay_ms)?;
+        // Checked before a lease is granted for it.
+        args.command(0).validate()?;
         if args.mode != Mode::Exclusive {
             return Err(ApiError::invalid(
                 "mode",
@@ -234,7 +228,6 @@ impl LockService {
         request_id: RequestId,
     ) -> Result<(), ApiError> {
         self.measured("release", async move {
-            limits::validate_key(&key)?;
             #[cfg(feature = "planted-bugs")]
             let fence = match self.planted {
                 Some(PlantedBug::BlindRelease) => self
@@ -263,8 +256,6 @@ impl LockService {
         data: Vec<u8>,
     ) -> Result<(), ApiError> {
         self.measured("save_checkpoint", async move {
-            limits::validate_key(&key)?;
-            limits::validate_checkpoint(&data)?;
             #[cfg(feature = "planted-bugs")]
             if self.planted == Some(PlantedBug::LostCheckpoint) {
                 return Ok(());

@@ -29,7 +29,7 @@ mod watch;
 use std::sync::Arc;
 
 use leasehold_core::auth::{AuthState, Permission, TokenId};
-use leasehold_core::{LockError, LockTable};
+use leasehold_core::{Command, LockError, LockTable};
 
 use crate::auth_cache::Known;
 use crate::context::NodeContext;
@@ -242,19 +242,31 @@ impl LockService {
         result
     }
 
-    /// Proposes a command and takes its answer out of the table's response.
+    /// Checks a command's input ([`Command::validate`]), proposes it, and
+    /// takes its answer out of the table's response. Bad input is refused
+    /// before anything reaches the log.
     async fn propose<P: Proposal>(&self, proposal: P) -> Result<P::Answer, ApiError> {
-        let response = self.consensus.propose(proposal.into_command()).await??;
+        let command = proposal.into_command();
+        command.validate()?;
+        let response = self.consensus.propose(command).await??;
         P::answer(response).map_err(unexpected)
     }
 
     /// Proposes a caller's command, on behalf of its token. It is always
     /// wrapped, with auth off too: a leader that has not yet applied the
     /// entry that turned auth on still proposes it as the caller's, and the
-    /// table refuses it there.
+    /// table refuses it there. Bad input is refused first, before the
+    /// token is looked at.
     async fn propose_as<P: Proposal>(&self, proposal: P) -> Result<P::Answer, ApiError> {
+        let command = proposal.into_command();
+        command.validate()?;
         let token = self.caller_here().await?;
-        self.propose(proposals::As { token, proposal }).await
+        let command = Command::As {
+            token,
+            command: Box::new(command),
+        };
+        let response = self.consensus.propose(command).await??;
+        P::answer(response).map_err(unexpected)
     }
 }
 

@@ -18,26 +18,6 @@ pub(super) trait Proposal {
     fn answer(response: Response) -> Result<Self::Answer, Response>;
 }
 
-/// A proposal on behalf of a caller's token ([`Command::As`]): the same
-/// answer as the proposal inside.
-pub(super) struct As<P> {
-    pub token: Option<TokenId>,
-    pub proposal: P,
-}
-
-impl<P: Proposal> Proposal for As<P> {
-    type Answer = P::Answer;
-    fn into_command(self) -> Command {
-        Command::As {
-            token: self.token,
-            command: Box::new(self.proposal.into_command()),
-        }
-    }
-    fn answer(response: Response) -> Result<P::Answer, Response> {
-        P::answer(response)
-    }
-}
-
 /// A new lease: its id and TTL.
 pub(super) struct NewLease {
     pub ttl_ms: u64,
