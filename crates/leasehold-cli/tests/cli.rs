@@ -39,6 +39,17 @@ fn alive_unreaped(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// The first line a child printed on its piped stdout (an acquired token).
+fn first_line(child: &mut std::process::Child) -> String {
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().expect("piped stdout")),
+        &mut line,
+    )
+    .expect("read stdout");
+    line
+}
+
 #[test]
 fn of_two_runs_at_once_exactly_one_runs_the_command() {
     let server = Leaseholdd::start();
@@ -274,12 +285,7 @@ fn a_paused_run_loses_its_lease_kills_the_command_and_exits_76() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(taker.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let line = first_line(&mut taker);
     let taken: serde_json::Value =
         serde_json::from_str(&line).expect("the second holder got the lock");
     assert!(taken["fence"].as_u64().unwrap() > 1);
@@ -357,12 +363,7 @@ fn status_release_and_bad_input() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let line = first_line(&mut holder);
     let printed: serde_json::Value = serde_json::from_str(&line).unwrap();
     let fence = printed["fence"].as_u64().unwrap();
 
@@ -440,12 +441,7 @@ fn acquire_ends_its_session_lease_on_ctrl_c() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(holder.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
+    let line = first_line(&mut holder);
     assert!(line.trim().parse::<u64>().is_ok(), "{line}");
     let leases = || -> serde_json::Value {
         let body = leasehold_testkit::http_get(&server.addr, "/v1/leases").expect("leases");

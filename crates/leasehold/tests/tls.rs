@@ -138,6 +138,19 @@ async fn a_server_the_client_cannot_verify_is_refused() {
     }
 }
 
+/// A plain HTTPS client (not ours) that trusts `ca` and shows `me`.
+fn https_client(ca: &Path, me: &Issued) -> reqwest::Client {
+    let pem = |p: &Path| std::fs::read(p).unwrap();
+    let mut identity = pem(&me.cert);
+    identity.extend(pem(&me.key));
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem(ca)).unwrap())
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn client_certificates_when_the_server_asks() {
     let dir = tempfile::tempdir().unwrap();
@@ -167,15 +180,7 @@ async fn client_certificates_when_the_server_asks() {
 
     // A change made with a client certificate names its subject in the
     // replicated audit trail, not `anonymous`.
-    let pem = |p: &Path| std::fs::read(p).unwrap();
-    let mut identity = pem(&worker.cert);
-    identity.extend(pem(&worker.key));
-    let http = reqwest::Client::builder()
-        .use_rustls_tls()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem(&ca.cert)).unwrap())
-        .identity(reqwest::Identity::from_pem(&identity).unwrap())
-        .build()
-        .unwrap();
+    let http = https_client(&ca.cert, &worker);
     let base = format!("https://{}", server.addr);
     let enabled: serde_json::Value = http
         .post(format!("{base}/v1/auth/enable"))
@@ -271,15 +276,7 @@ async fn a_cluster_with_client_and_peer_tls_fails_over() {
     let url = format!("https://{}", addrs.join(","));
     let tls = trusting(&ca.cert).identity_files(&me.cert, &me.key);
 
-    let pem = |p: &Path| std::fs::read(p).unwrap();
-    let mut identity = pem(&me.cert);
-    identity.extend(pem(&me.key));
-    let http = reqwest::Client::builder()
-        .use_rustls_tls()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem(&ca.cert)).unwrap())
-        .identity(reqwest::Identity::from_pem(&identity).unwrap())
-        .build()
-        .unwrap();
+    let http = https_client(&ca.cert, &me);
     let leader = || async {
         for (i, addr) in addrs.iter().enumerate() {
             let health: Option<serde_json::Value> =
