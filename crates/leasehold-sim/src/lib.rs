@@ -7,8 +7,8 @@
 //! one [`World`](world::World): hosts stepped in turn on one thread, each
 //! on its own tokio runtime with a paused clock. Between the nodes, and
 //! between clients and nodes, runs a simulated network (seeded delay and
-//! loss, cuts); each node's log sits on a simulated disk that loses what was
-//! not synced when the node crashes. A seed fixes everything, so a failing
+//! loss, cuts); each node's real log store sits on a simulated disk
+//! ([`disk`]) that loses what was not synced when the node crashes. A seed fixes everything, so a failing
 //! seed replays exactly.
 //!
 //! Why not turmoil: its hosts are the same idea, but it neither seeds tokio's
@@ -21,7 +21,7 @@
 //!
 //! The faults ([`nemesis`]) are seeded and combined: partitions (one node
 //! from the rest, both ways or one way), message loss and congestion,
-//! crashes that lose unsynced log entries, a whole-cluster power loss, a node
+//! crashes that lose or tear unsynced log writes, a whole-cluster power loss, a node
 //! frozen past the election timeout and the TTL, a client cut off after its
 //! answers came late, a client's process paused past its TTL between its
 //! `token()` check and its write, a member removed and added back, a node
@@ -185,8 +185,8 @@ pub struct Report {
     pub faults: BTreeMap<&'static str, u64>,
     /// The network's counts.
     pub net: NetStats,
-    /// Log entries lost to crashes.
-    pub lost_entries: u64,
+    /// Unsynced log writes dropped or torn by crashes.
+    pub lost_writes: u64,
     /// Times a node's software exited (its Raft stopped) and was restarted.
     pub exits: u64,
     /// The checker's findings.
@@ -248,10 +248,12 @@ fn node_parts(
     // the thread's generator, so each node's range is one millisecond wide
     // and the seed picks where it lies.
     let low = rng.gen_range(150..450);
+    let sync_time = Duration::from_micros(rng.gen_range(2000..15000));
+    let disk = disk::Disk::new(rng.gen(), sync_time, bug == Some(Bug::AckBeforeFsync));
     NodeParts {
         id,
         members,
-        disk: Arc::default(),
+        disk: Arc::new(disk),
         snapshots: Default::default(),
         options: RaftOptions {
             snapshot_every: 200,
@@ -259,8 +261,6 @@ fn node_parts(
             heartbeat: Duration::from_millis(50),
             election_timeout: (Duration::from_millis(low), Duration::from_millis(low + 1)),
         },
-        sync_time: Duration::from_micros(rng.gen_range(2000..15000)),
-        ack_before_sync: bug == Some(Bug::AckBeforeFsync),
         planted: match bug {
             Some(Bug::BlindRelease) => Some(PlantedBug::BlindRelease),
             Some(Bug::StaleRead) => Some(PlantedBug::StaleRead),
@@ -582,7 +582,7 @@ pub fn run(config: &Config) -> Report {
             counts
         }),
         net: net.stats(),
-        lost_entries: disks.iter().map(|d| d.lost()).sum(),
+        lost_writes: disks.iter().map(|d| d.lost()).sum(),
         exits: records
             .iter()
             .filter(|r| matches!(r.event, Event::Exited { .. }))

@@ -85,7 +85,7 @@ fn main() {
         queue_grants += report.applied.queue_grants;
         delays += report.applied.delays;
         gaps += u64::from(report.applied.gap_at.is_some());
-        lost += report.lost_entries;
+        lost += report.lost_writes;
         if report.exits > 0 {
             exits.push(seed);
         }
@@ -117,7 +117,7 @@ fn main() {
     );
     let kinds: Vec<String> = faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
     println!("faults injected: {}", kinds.join(", "));
-    println!("unsynced log entries lost to crashes: {lost}");
+    println!("unsynced log writes dropped or torn by crashes: {lost}");
     println!(
         "followed for FIFO and lock-delay: {queue_grants} grants from queues, {delays} lock-delays; runs cut short by an index no node applied: {gaps}"
     );

@@ -4,18 +4,16 @@
 
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
 
 use leasehold_server::context::NodeContext;
 use leasehold_server::raft::{
-    Consensus, MemorySnapshots, NodeId, NodeSpec, RaftOptions, StateMachine, SystemClock,
+    Consensus, LogStore, MemorySnapshots, NodeId, NodeSpec, RaftOptions, StateMachine, SystemClock,
 };
 use leasehold_server::service::{LockService, PlantedBug};
 
 use crate::applied::AppliedLog;
-use crate::disk::{Disk, SimLog};
+use crate::disk::{Disk, SimDisk};
 use crate::net::{ClientAnswer, ClientCall, Envelope, Net, SimTransport};
 
 /// The address of node `id` on the simulated network (host:port, as the
@@ -81,16 +79,13 @@ pub struct NodeParts {
     pub id: NodeId,
     /// The initial voters.
     pub members: Vec<NodeId>,
-    /// Its log's disk.
+    /// Its log's disk (which knows how long a sync takes, and whether it
+    /// lies about syncing).
     pub disk: Arc<Disk>,
     /// Its snapshot.
     pub snapshots: MemorySnapshots,
     /// Raft's timing for it.
     pub options: RaftOptions,
-    /// How long a sync of its log takes.
-    pub sync_time: Duration,
-    /// Its log acknowledges appends before they are synced.
-    pub ack_before_sync: bool,
     /// A bug planted in its lock service.
     pub planted: Option<PlantedBug>,
     /// The network.
@@ -119,13 +114,14 @@ impl NodeParts {
                 .collect::<BTreeMap<_, _>>(),
             source: None,
         };
-        let log = SimLog::open(self.disk.clone(), self.sync_time, self.ack_before_sync);
+        tokio::spawn(self.disk.clone().write_back());
+        let log = LogStore::open_on(SimDisk(self.disk.clone()))?;
         let context = Arc::new(NodeContext::default());
         let sm = StateMachine::open(
             Arc::new(self.snapshots.clone()),
             context.clone(),
             self.options.snapshot_every,
-            Arc::new(AtomicU64::new(0)),
+            log.applied_index(),
         )?;
         sm.tap(self.applied.tap());
         let transport = Arc::new(SimTransport {

@@ -174,10 +174,10 @@ fn faults(seeds: std::ops::Range<u64>) -> Vec<Report> {
 }
 
 #[test]
-fn crashes_lose_unsynced_entries_and_losses_drop_messages() {
+fn crashes_lose_unsynced_writes_and_losses_drop_messages() {
     let reports = faults(0..10);
-    let lost: u64 = reports.iter().map(|r| r.lost_entries).sum();
-    assert!(lost > 0, "crashes dropped no unsynced log entry");
+    let lost: u64 = reports.iter().map(|r| r.lost_writes).sum();
+    assert!(lost > 0, "crashes dropped no unsynced log write");
     assert!(reports.iter().map(|r| r.net.lost).sum::<u64>() > 0);
     assert!(reports.iter().map(|r| r.net.cut).sum::<u64>() > 0);
     assert!(reports.iter().map(|r| r.net.refused).sum::<u64>() > 0);

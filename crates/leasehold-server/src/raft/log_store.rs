@@ -27,16 +27,17 @@
 //! read of entries no longer in memory (a lagging follower catching up, one
 //! append's worth at a time) replays only the segments that can hold them or
 //! change them, not the whole log.
+//!
+//! The files sit on a [`LogDisk`]: a real directory ([`FsDisk`]), or the
+//! simulation's disk, which loses unsynced writes on a crash, so the seeds
+//! run this format and its crash rules too.
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
 use std::ops::RangeBounds;
-use std::os::unix::fs::FileExt;
-use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -47,6 +48,7 @@ use openraft::{
 use prometheus_client::metrics::histogram::Histogram;
 use serde::{Deserialize, Serialize};
 
+use super::disk::{FsDisk, LogDisk, LogFile};
 use super::{NodeId, TypeConfig};
 
 /// A new segment is started once the current one passes this size. Small
@@ -86,13 +88,13 @@ struct Entries {
     memory_floor: u64,
 }
 
-/// The Raft log store. Cheap to clone; clones share one log.
-#[derive(Clone)]
-pub struct LogStore {
+/// The Raft log store, on a real directory ([`FsDisk`]) or any other
+/// [`LogDisk`]. Cheap to clone; clones share one log.
+pub struct LogStore<D: LogDisk = FsDisk> {
     entries: Arc<Mutex<Entries>>,
-    writer: Arc<Mutex<Writer>>,
-    vote_path: PathBuf,
-    log_dir: PathBuf,
+    /// Taken by each write for as long as it writes and syncs.
+    writer: Arc<tokio::sync::Mutex<Writer<D>>>,
+    disk: Arc<D>,
     /// What each segment holds, so a read from disk replays only some.
     spans: Spans,
     /// Segments replayed by reads from disk (tests check it stays small).
@@ -174,6 +176,20 @@ impl Span {
     }
 }
 
+impl<D: LogDisk> Clone for LogStore<D> {
+    fn clone(&self) -> Self {
+        LogStore {
+            entries: self.entries.clone(),
+            writer: self.writer.clone(),
+            disk: self.disk.clone(),
+            spans: self.spans.clone(),
+            #[cfg(test)]
+            segments_read: self.segments_read.clone(),
+            applied: self.applied.clone(),
+        }
+    }
+}
+
 /// Every segment's span, by segment number; shared by the writer (which
 /// extends it) and readers.
 type Spans = Arc<Mutex<BTreeMap<u64, Span>>>;
@@ -195,15 +211,16 @@ fn encode(record: &RecordRef<'_>, out: &mut Vec<u8>) -> io::Result<()> {
     Ok(())
 }
 
-fn segment_path(dir: &Path, number: u64) -> PathBuf {
-    dir.join(format!("{number:020}.seg"))
+fn segment_name(number: u64) -> String {
+    format!("{number:020}.seg")
 }
 
-/// The numbers of the segment files in `dir`, in order.
-fn segment_numbers(dir: &Path) -> io::Result<Vec<u64>> {
-    let mut numbers: Vec<u64> = fs::read_dir(dir)?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".seg")?.parse().ok())
+/// The numbers of the segment files on `disk`, in order.
+fn segment_numbers(disk: &impl LogDisk) -> io::Result<Vec<u64>> {
+    let mut numbers: Vec<u64> = disk
+        .list()?
+        .iter()
+        .filter_map(|name| name.strip_suffix(".seg")?.parse().ok())
         .collect();
     numbers.sort_unstable();
     Ok(numbers)
@@ -234,74 +251,39 @@ fn replay_into(
     }
 }
 
-/// Writes bytes `from..to` of `file` to the disk and waits for them (not a
-/// flush of the disk's cache: only `fsync` makes them durable).
-fn write_back(file: &File, from: usize, to: usize) -> io::Result<()> {
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-        | libc::SYNC_FILE_RANGE_WRITE
-        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    let offset = |n: usize| libc::off64_t::try_from(n).map_err(io::Error::other);
-    // SAFETY: sync_file_range only reads its integer arguments; the
-    // descriptor is owned by `file`, which outlives the call.
-    let rc = unsafe {
-        libc::sync_file_range(file.as_raw_fd(), offset(from)?, offset(to - from)?, flags)
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Reserves a whole segment's space, so appends do not grow the file. Only a
-/// speed-up: where the filesystem cannot, appends grow the file as before.
-fn preallocate(file: &File) {
-    // SAFETY: fallocate only reads its integer arguments; the descriptor is
-    // owned by `file`, which outlives the call.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, SEGMENT_BYTES as libc::off_t) };
-    if rc != 0 {
-        tracing::debug!(error = %io::Error::last_os_error(), "cannot preallocate a log segment");
-    }
-}
-
-/// Creates segment `number`, allocated at full size, and makes its name durable.
-fn create_segment(dir: &Path, number: u64) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(segment_path(dir, number))?;
-    preallocate(&file);
-    file.sync_all()?;
-    sync_dir(dir)?;
-    Ok(file)
-}
-
-impl LogStore {
-    /// Opens (or creates) the log under `dir`, replaying what is there.
-    pub fn open(dir: &Path) -> io::Result<LogStore> {
+impl LogStore<FsDisk> {
+    /// Opens (or creates) the log under the data dir `dir`, replaying what
+    /// is there.
+    pub fn open(dir: &Path) -> io::Result<LogStore<FsDisk>> {
         LogStore::open_observed(dir, Histogram::new(std::iter::empty()))
     }
 
     /// [`LogStore::open`], recording the time of each fsync in `fsync`.
-    pub fn open_observed(dir: &Path, fsync: Histogram) -> io::Result<LogStore> {
-        let log_dir = dir.join("log");
-        fs::create_dir_all(&log_dir)?;
-        let numbers = segment_numbers(&log_dir)?;
+    pub fn open_observed(dir: &Path, fsync: Histogram) -> io::Result<LogStore<FsDisk>> {
+        LogStore::open_with(FsDisk::open(dir)?, fsync)
+    }
+}
+
+impl<D: LogDisk> LogStore<D> {
+    /// Opens (or creates) the log on `disk`, replaying what is there.
+    pub fn open_on(disk: D) -> io::Result<LogStore<D>> {
+        LogStore::open_with(disk, Histogram::new(std::iter::empty()))
+    }
+
+    /// [`LogStore::open_on`], recording the time of each fsync in `fsync`.
+    fn open_with(disk: D, fsync: Histogram) -> io::Result<LogStore<D>> {
+        let disk = Arc::new(disk);
+        let numbers = segment_numbers(&*disk)?;
         let mut state = Entries::default();
         // (segment number, highest entry index written to it, bytes of records)
         let mut segments: Vec<(u64, u64, u64)> = Vec::new();
         let mut spans = BTreeMap::new();
         for (i, &number) in numbers.iter().enumerate() {
-            let path = segment_path(&log_dir, number);
+            let name = segment_name(number);
             let is_last = i + 1 == numbers.len();
             let mut highest = 0;
             let mut span = Span::default();
-            let replayed = replay_segment(&path, is_last, |record| {
+            let replayed = replay_segment(&*disk, &name, is_last, |record| {
                 span.record(&record);
                 if let Record::Entry(entry) = &record {
                     highest = highest.max(entry.log_id.index);
@@ -310,16 +292,12 @@ impl LogStore {
                     state.last_purged = Some(purged);
                 }
             })?;
-            if is_last {
-                let file = OpenOptions::new().write(true).open(&path)?;
-                if !replayed.zeros_after {
-                    // A torn write, or parts of an unacknowledged one: cut it
-                    // all, so nothing of it can be read as a record once new
-                    // records are written over the start of it.
-                    tracing::warn!(segment = %path.display(), at = replayed.records_end, "cutting a torn record off the log tail");
-                    file.set_len(replayed.records_end)?;
-                    file.sync_all()?;
-                }
+            if is_last && !replayed.zeros_after {
+                // A torn write, or parts of an unacknowledged one: cut it
+                // all, so nothing of it can be read as a record once new
+                // records are written over the start of it.
+                tracing::warn!(segment = %name, at = replayed.records_end, "cutting a torn record off the log tail");
+                disk.open(&name, 0)?.cut(replayed.records_end)?;
             }
             segments.push((number, highest, replayed.records_end));
             spans.insert(number, span);
@@ -330,22 +308,18 @@ impl LogStore {
         if let Some(purged) = state.last_purged {
             while segments.len() > 1 && segments[0].1 <= purged.index {
                 let (number, _, _) = segments.remove(0);
-                fs::remove_file(segment_path(&log_dir, number))?;
+                disk.remove(&segment_name(number))?;
                 spans.remove(&number);
             }
         }
 
         let (number, file, size) = match segments.last() {
             Some(&(number, _, size)) => {
-                let file = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(segment_path(&log_dir, number))?;
-                preallocate(&file);
+                let file = disk.open(&segment_name(number), SEGMENT_BYTES)?;
                 (number, file, size)
             }
             None => {
-                let file = create_segment(&log_dir, 1)?;
+                let file = disk.create(&segment_name(1), SEGMENT_BYTES)?;
                 segments.push((1, 0, 0));
                 spans.insert(1, Span::default());
                 (1, file, 0)
@@ -353,7 +327,7 @@ impl LogStore {
         };
         let spans: Spans = Arc::new(Mutex::new(spans));
         let writer = Writer {
-            dir: log_dir.clone(),
+            disk: disk.clone(),
             file,
             number,
             size,
@@ -365,9 +339,8 @@ impl LogStore {
 
         Ok(LogStore {
             entries: Arc::new(Mutex::new(state)),
-            writer: Arc::new(Mutex::new(writer)),
-            vote_path: dir.join("vote"),
-            log_dir,
+            writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            disk,
             spans,
             #[cfg(test)]
             segments_read: Arc::new(AtomicU64::new(0)),
@@ -411,13 +384,14 @@ impl LogStore {
                 .map(|(&n, _)| n)
                 .collect()
         };
-        let last = segment_numbers(&self.log_dir)?.last().copied();
+        let last = segment_numbers(&*self.disk)?.last().copied();
         let mut found = BTreeMap::new();
         for number in numbers {
             #[cfg(test)]
             self.segments_read.fetch_add(1, Ordering::Relaxed);
             let replayed = replay_segment(
-                &segment_path(&self.log_dir, number),
+                &*self.disk,
+                &segment_name(number),
                 Some(number) == last,
                 |record| {
                     replay_into(&mut found, record, |index| range.contains(&index));
@@ -440,14 +414,12 @@ impl LogStore {
     }
 
     fn lock(&self) -> parking_lot::MutexGuard<'_, Entries> {
-        // A panic while holding this lock would be a bug in this file; the data
-        // (a map of entries) stays consistent, so keep serving.
         self.entries.lock()
     }
 
     /// Writes records and flushes them: durable when this returns `Ok`.
-    fn write(&self, write: Records) -> io::Result<()> {
-        self.writer.lock().write(write)
+    async fn write(&self, write: Records) -> io::Result<()> {
+        self.writer.lock().await.write(write).await
     }
 }
 
@@ -462,10 +434,14 @@ struct Replayed {
 }
 
 /// Reads a segment's records in order.
-fn replay_segment(path: &Path, is_last: bool, f: impl FnMut(Record)) -> io::Result<Replayed> {
-    let mut bytes = Vec::new();
-    File::open(path)?.read_to_end(&mut bytes)?;
-    let end = replay_records(path, &bytes, is_last, f)?;
+fn replay_segment(
+    disk: &impl LogDisk,
+    name: &str,
+    is_last: bool,
+    f: impl FnMut(Record),
+) -> io::Result<Replayed> {
+    let bytes = disk.read(name)?;
+    let end = replay_records(name, &bytes, is_last, f)?;
     Ok(Replayed {
         records_end: end,
         zeros_after: bytes[end as usize..].iter().all(|&b| b == 0),
@@ -474,7 +450,7 @@ fn replay_segment(path: &Path, is_last: bool, f: impl FnMut(Record)) -> io::Resu
 
 /// Returns the length of the intact prefix of `bytes`.
 fn replay_records(
-    path: &Path,
+    name: &str,
     bytes: &[u8],
     is_last: bool,
     mut f: impl FnMut(Record),
@@ -490,8 +466,7 @@ fn replay_records(
                 Ok(at as u64)
             } else {
                 Err(io_err(format!(
-                    "corrupt record in {} at byte {at}",
-                    path.display()
+                    "corrupt record in log segment {name} at byte {at}"
                 )))
             }
         };
@@ -520,9 +495,9 @@ fn replay_records(
 }
 
 /// Owns the open segment.
-struct Writer {
-    dir: PathBuf,
-    file: File,
+struct Writer<D: LogDisk> {
+    disk: Arc<D>,
+    file: D::File,
     number: u64,
     size: u64,
     segments: Vec<(u64, u64)>,
@@ -532,14 +507,14 @@ struct Writer {
     failed: Option<String>,
 }
 
-impl Writer {
-    fn write(&mut self, write: Records) -> io::Result<()> {
+impl<D: LogDisk> Writer<D> {
+    async fn write(&mut self, write: Records) -> io::Result<()> {
         if let Some(why) = &self.failed {
             return Err(io_err(format!(
                 "the raft log is read-only after a failed write: {why}"
             )));
         }
-        let result = self.write_and_flush(write);
+        let result = self.write_and_flush(write).await;
         if let Err(e) = &result {
             // After a failed fsync the kernel may have dropped dirty pages;
             // nothing written after it can be trusted. Stop accepting writes.
@@ -549,7 +524,7 @@ impl Writer {
         result
     }
 
-    fn write_and_flush(&mut self, write: Records) -> io::Result<()> {
+    async fn write_and_flush(&mut self, write: Records) -> io::Result<()> {
         let Records {
             bytes,
             span,
@@ -557,9 +532,9 @@ impl Writer {
             purge_upto,
         } = write;
         if !bytes.is_empty() {
-            self.file.write_all_at(&bytes, self.size)?;
+            self.file.write_at(self.size, &bytes)?;
             let syncing = std::time::Instant::now();
-            self.file.sync_data()?;
+            self.file.sync().await?;
             self.fsync.observe(syncing.elapsed().as_secs_f64());
             self.size += bytes.len() as u64;
             if let (Some(h), Some(last)) = (last_index, self.segments.last_mut()) {
@@ -572,13 +547,13 @@ impl Writer {
             // never the open one.
             while self.segments.len() > 1 && self.segments[0].1 <= upto {
                 let (number, _) = self.segments.remove(0);
-                fs::remove_file(segment_path(&self.dir, number))?;
+                self.disk.remove(&segment_name(number))?;
                 self.spans().remove(&number);
             }
         }
         if self.size >= SEGMENT_BYTES {
             let number = self.number + 1;
-            self.file = create_segment(&self.dir, number)?;
+            self.file = self.disk.create(&segment_name(number), SEGMENT_BYTES)?;
             self.number = number;
             self.size = 0;
             self.segments.push((number, 0));
@@ -592,7 +567,7 @@ impl Writer {
     }
 }
 
-impl RaftLogReader<TypeConfig> for LogStore {
+impl<D: LogDisk> RaftLogReader<TypeConfig> for LogStore<D> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
@@ -631,8 +606,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
     }
 }
 
-impl RaftLogStorage<TypeConfig> for LogStore {
-    type LogReader = LogStore;
+impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
+    type LogReader = LogStore<D>;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
         let state = self.lock();
@@ -650,16 +625,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
         let bytes =
             serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(any(io_err(e))))?;
-        write_atomically(&self.vote_path, &[&bytes])
+        self.disk
+            .write_vote(&bytes)
             .map_err(|e| StorageIOError::write_vote(any(e)).into())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        match fs::read(&self.vote_path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
+        match self.disk.read_vote() {
+            Ok(Some(bytes)) => serde_json::from_slice(&bytes)
                 .map(Some)
                 .map_err(|e| StorageIOError::read_vote(any(io_err(e))).into()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Ok(None) => Ok(None),
             Err(e) => Err(StorageIOError::read_vote(any(e)).into()),
         }
     }
@@ -700,12 +676,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 state.memory_floor = floor;
             }
         }
-        let written = self.write(Records {
-            bytes,
-            span,
-            last_index,
-            purge_upto: None,
-        });
+        let written = self
+            .write(Records {
+                bytes,
+                span,
+                last_index,
+                purge_upto: None,
+            })
+            .await;
         let answer = written
             .as_ref()
             .map(|_| ())
@@ -726,6 +704,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             last_index: None,
             purge_upto: None,
         })
+        .await
         .map_err(write_error)
     }
 
@@ -745,47 +724,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             last_index: None,
             purge_upto: Some(log_id.index),
         })
+        .await
         .map_err(write_error)
     }
-}
-
-/// A big file is written back this much at a time (see [`write_atomically`]).
-const WRITEBACK_STEP: usize = 1 << 20;
-
-/// Writes a file so that a crash leaves either the old or the new content.
-///
-/// A big file (a snapshot) is written back a MiB at a time, each MiB on the
-/// disk before the next is written: the disk's queue then never holds more
-/// than that ahead of the log's next `fdatasync`. Written whole and synced
-/// once, the 83 MB snapshot of a million held locks put the log's flushes
-/// behind all of it (up to 400 ms each, on three nodes snapshotting at
-/// once), and a node that cannot flush its log cannot send heartbeats.
-pub(crate) fn write_atomically(path: &Path, parts: &[&[u8]]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut file = File::create(&tmp)?;
-        let (mut written, mut on_disk, mut paced) = (0usize, 0usize, true);
-        for part in parts {
-            for piece in part.chunks(WRITEBACK_STEP) {
-                file.write_all(piece)?;
-                written += piece.len();
-                if paced && written - on_disk >= WRITEBACK_STEP {
-                    // Only pacing: the `sync_all` below makes the file durable.
-                    if let Err(e) = write_back(&file, on_disk, written) {
-                        tracing::debug!(error = %e, "cannot write a file back in steps");
-                        paced = false;
-                    }
-                    on_disk = written;
-                }
-            }
-        }
-        file.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
-    }
-    Ok(())
 }
 
 /// openraft's storage conformance suite, run against our log store and state
@@ -1077,9 +1018,12 @@ mod storage_tests {
         let mut log = LogStore::open(dir.path()).expect("open");
         append(&mut log, vec![blank(1)]).await;
         let read_only = std::fs::File::open(only_segment(dir.path())).unwrap();
-        let good = std::mem::replace(&mut log.writer.lock().file, read_only);
+        let good = std::mem::replace(
+            &mut log.writer.lock().await.file,
+            crate::raft::disk::FsFile(read_only),
+        );
         assert!(log.blocking_append(vec![blank(2)]).await.is_err());
-        log.writer.lock().file = good;
+        log.writer.lock().await.file = good;
         assert!(
             log.blocking_append(vec![blank(2)]).await.is_err(),
             "a write after a failed one was taken"
@@ -1108,24 +1052,6 @@ mod storage_tests {
         assert_eq!(indexes, vec![4, 5, 6, 7, 8]);
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
-    }
-
-    #[test]
-    fn a_big_file_written_back_in_steps_holds_every_part_in_order() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("snapshot");
-        std::fs::write(&path, b"old").unwrap();
-        // Parts that end short of, on and past a step's boundary.
-        let step = super::WRITEBACK_STEP;
-        let parts: Vec<Vec<u8>> = [7, step - 7, 3 * step + 5, 1]
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| (0..n).map(|b| (b * 31 + i) as u8).collect())
-            .collect();
-        let slices: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-        super::write_atomically(&path, &slices).expect("write");
-        assert_eq!(std::fs::read(&path).unwrap(), parts.concat());
-        assert!(!path.with_extension("tmp").exists());
     }
 
     use openraft::RaftLogId;

@@ -15,11 +15,13 @@
 //!   (gRPC between processes).
 //! - `cluster`: membership: status, add, remove.
 //! - `log_store`: the log on disk, its segments indexed by entry range.
+//! - `disk`: what the log needs of a disk ([`LogDisk`]), and the real one.
 //! - `state_machine`: the lock table as the state machine.
 //! - [`snapshot_store`]: where its snapshot is kept (a file, or memory).
 
 mod batch;
 mod cluster;
+mod disk;
 pub mod leadership;
 mod log_store;
 pub mod node;
@@ -39,6 +41,7 @@ use tokio::sync::mpsc;
 
 use crate::hub::Hub;
 pub use cluster::{ClusterStatus, MemberStatus, MembershipError};
+pub use disk::{FsDisk, FsFile, LogDisk, LogFile};
 pub use leadership::{Clock, SystemClock};
 pub use log_store::LogStore;
 pub use node::{NodeSpec, RaftOptions};

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use leasehold_core::LockTable;
 use openraft::SnapshotMeta;
 
-use super::log_store::write_atomically;
+use super::disk::write_atomically;
 use super::{Node, NodeId};
 
 /// A snapshot's meta (the last log id and membership it covers).
