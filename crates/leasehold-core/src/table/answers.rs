@@ -13,7 +13,7 @@ use crate::auth::TokenId;
 use crate::command::{Mode, Response};
 use crate::{Fence, LeaseId, LockError, RequestId, Time};
 
-use super::LockTable;
+use super::{LockTable, DEDUPE_CAPACITY, DEDUPE_WINDOW_MS};
 
 /// Whose request an id belongs to. Ids are chosen by callers, so two callers
 /// may pick the same one; an answer is only ever returned to a retry from the
@@ -135,7 +135,7 @@ impl LockTable {
         if request_id == 0 {
             return Ok(None);
         }
-        match self.answered.get(&(caller, request_id)) {
+        match self.state.answered.get(&(caller, request_id)) {
             None => Ok(None),
             Some(first) if first.asked == *asked => Ok(Some(first.response.clone())),
             Some(first) => Err(reused_id(request_id, &first.asked)),
@@ -155,18 +155,42 @@ impl LockTable {
             return;
         }
         let answer = Answer {
-            at: self.now,
+            at: self.state.now,
             asked,
             response,
         };
-        self.answered.insert((caller, request_id), answer);
-        self.answered_order
-            .push_back((self.now, caller, request_id));
+        self.state.answered.insert((caller, request_id), answer);
+        self.state
+            .answered_order
+            .push_back((self.state.now, caller, request_id));
+    }
+
+    /// Forgets the answers given more than [`DEDUPE_WINDOW_MS`] before
+    /// `now`, and the oldest beyond [`DEDUPE_CAPACITY`]: a retry that late
+    /// is judged afresh.
+    pub(super) fn forget_old_answers(&mut self, now: Time) {
+        let state = &mut self.state;
+        while let Some(&(at, caller, id)) = state.answered_order.front() {
+            if at.saturating_add(DEDUPE_WINDOW_MS) > now
+                && state.answered_order.len() <= DEDUPE_CAPACITY
+            {
+                break;
+            }
+            state.answered_order.pop_front();
+            // A newer answer under the same id stays.
+            if state
+                .answered
+                .get(&(caller, id))
+                .is_some_and(|a| a.at == at)
+            {
+                state.answered.remove(&(caller, id));
+            }
+        }
     }
 
     pub(super) fn forget(&mut self, caller: Caller, request_id: RequestId) {
         if request_id != 0 {
-            self.answered.remove(&(caller, request_id));
+            self.state.answered.remove(&(caller, request_id));
         }
     }
 }

@@ -12,7 +12,7 @@ impl LockTable {
 
     /// Roles, tokens and the audit trail.
     pub fn auth(&self) -> &AuthState {
-        &self.auth
+        &self.state.auth
     }
 
     /// Refuses `command` unless `token` may run it: its role's permission on
@@ -34,14 +34,16 @@ impl LockTable {
             command,
             Command::Auth { .. } | Command::AuthWithCertificate { .. }
         );
-        if !self.auth.enabled() || auth {
+        if !self.state.auth.enabled() || auth {
             return Ok(());
         }
         let t = token;
-        self.auth.highest(t)?;
+        self.state.auth.highest(t)?;
         let own = |lease: LeaseId| -> Result<(), LockError> {
-            match self.leases.get(&lease) {
-                Some(l) if l.owner != t && self.auth.permission(t, "")? < Permission::Admin => {
+            match self.state.leases.get(&lease) {
+                Some(l)
+                    if l.owner != t && self.state.auth.permission(t, "")? < Permission::Admin =>
+                {
                     Err(LockError::NotOwner { lease })
                 }
                 // A lease that is gone gets the command's own error.
@@ -58,30 +60,32 @@ impl LockTable {
                 if own(*lease).is_ok() {
                     return Ok(());
                 }
-                let Some(l) = self.leases.get(lease) else {
+                let Some(l) = self.state.leases.get(lease) else {
                     return Ok(());
                 };
                 if l.held.is_empty() && l.waiting.is_empty() {
-                    return self.auth.check(t, "", Permission::Admin);
+                    return self.state.auth.check(t, "", Permission::Admin);
                 }
                 l.held
                     .iter()
                     .chain(&l.waiting)
-                    .try_for_each(|key| self.auth.check(t, key, Permission::Admin))
+                    .try_for_each(|key| self.state.auth.check(t, key, Permission::Admin))
             }
             Command::Acquire { lease, key, .. } => {
-                self.auth.check(t, key, Permission::Lock)?;
+                self.state.auth.check(t, key, Permission::Lock)?;
                 own(*lease)
             }
             Command::AcquireSet { lease, keys, .. } => {
                 for key in keys {
-                    self.auth.check(t, key, Permission::Lock)?;
+                    self.state.auth.check(t, key, Permission::Lock)?;
                 }
                 own(*lease)
             }
             Command::GrantAndAcquire { key, .. }
             | Command::Release { key, .. }
-            | Command::SaveCheckpoint { key, .. } => self.auth.check(t, key, Permission::Lock),
+            | Command::SaveCheckpoint { key, .. } => {
+                self.state.auth.check(t, key, Permission::Lock)
+            }
             Command::As { .. } => Ok(()),
         }
     }
@@ -95,8 +99,11 @@ impl LockTable {
         change: AuthChange,
         events: &mut Vec<Event>,
     ) -> Result<Response, LockError> {
-        let created = self.auth.apply_as(token, certificate, at_unix_ms, change)?;
-        if let Some(audit) = self.auth.audit().back() {
+        let created = self
+            .state
+            .auth
+            .apply_as(token, certificate, at_unix_ms, change)?;
+        if let Some(audit) = self.state.auth.audit().back() {
             events.push(Event::AuthChanged {
                 audit: audit.clone(),
             });

@@ -11,7 +11,7 @@ use super::LockTable;
 impl LockTable {
     /// Checks the table's internal consistency; used by tests.
     pub fn check_invariants(&self) -> Result<(), String> {
-        for (key, lock) in &self.locks {
+        for (key, lock) in &self.state.locks {
             if lock.is_empty() {
                 return Err(format!("empty lock entry {key:?} kept"));
             }
@@ -21,6 +21,7 @@ impl LockTable {
             let mut leases_here = BTreeSet::new();
             for h in lock.holders() {
                 let lease = self
+                    .state
                     .leases
                     .get(&h.lease)
                     .ok_or(format!("{key:?} held by dead lease {}", h.lease))?;
@@ -30,10 +31,10 @@ impl LockTable {
                 if !leases_here.insert(h.lease) {
                     return Err(format!("lease {} holds {key:?} twice", h.lease));
                 }
-                if h.fence >= self.next_fence {
+                if h.fence >= self.state.next_fence {
                     return Err(format!(
                         "{key:?} has fence {} >= next {}",
-                        h.fence, self.next_fence
+                        h.fence, self.state.next_fence
                     ));
                 }
             }
@@ -70,6 +71,7 @@ impl LockTable {
             }
             for w in lock.waiters() {
                 let lease = self
+                    .state
                     .leases
                     .get(&w.lease)
                     .ok_or(format!("{key:?} has dead waiter {}", w.lease))?;
@@ -79,10 +81,7 @@ impl LockTable {
                         w.lease
                     ));
                 }
-                if !self
-                    .wait_deadlines
-                    .contains(&(w.deadline, key.clone(), w.lease))
-                {
+                if !self.state.deadlines.has_wait(w.deadline, key, w.lease) {
                     return Err(format!(
                         "wait of {} on {key:?} has no deadline entry",
                         w.lease
@@ -90,15 +89,16 @@ impl LockTable {
                 }
             }
         }
-        for (id, lease) in &self.leases {
-            if lease.deadline <= self.now {
+        for (id, lease) in &self.state.leases {
+            if lease.deadline <= self.state.now {
                 return Err(format!("lease {id} is past its deadline but live"));
             }
-            if !self.lease_deadlines.contains(&(lease.deadline, *id)) {
+            if !self.state.deadlines.has_lease(lease.deadline, *id) {
                 return Err(format!("lease {id} has no deadline entry"));
             }
             for key in &lease.held {
                 let holds = self
+                    .state
                     .locks
                     .get(key)
                     .is_some_and(|l| l.holding_of(*id).is_some());
@@ -108,7 +108,7 @@ impl LockTable {
             }
         }
         let mut detached = 0;
-        for (key, lock) in &self.locks {
+        for (key, lock) in &self.state.locks {
             let holder = lock.holders().filter_map(|h| Some((h.attach_by?, h.lease)));
             let waiters = lock
                 .waiters()
@@ -116,20 +116,21 @@ impl LockTable {
                 .filter_map(|w| Some((w.attach_by?, w.lease)));
             for (t, lease) in holder.chain(waiters) {
                 detached += 1;
-                if !self.attach_deadlines.contains(&(t, key.clone(), lease)) {
+                if !self.state.deadlines.has_attach(t, key, lease) {
                     return Err(format!(
                         "detached {lease} on {key:?} has no attach deadline"
                     ));
                 }
             }
         }
-        if self.attach_deadlines.len() != detached {
+        if self.state.deadlines.attach_count() != detached {
             return Err("stray attach deadlines".into());
         }
-        for (fence, set) in &self.sets {
+        for (fence, set) in &self.state.sets {
             let mut leases = BTreeSet::new();
             for key in set.iter() {
                 let holding = self
+                    .state
                     .locks
                     .get(key)
                     .and_then(|l| l.holders().find(|h| h.fence == *fence))
@@ -140,14 +141,19 @@ impl LockTable {
                 return Err(format!("set {fence} is held by several leases"));
             }
         }
-        if self.lease_deadlines.len() != self.leases.len() {
+        if self.state.deadlines.lease_count() != self.state.leases.len() {
             return Err("stray lease deadlines".into());
         }
-        let waits: usize = self.locks.values().map(|l| l.waiters().len()).sum();
-        if self.wait_deadlines.len() != waits {
+        let waits: usize = self.state.locks.values().map(|l| l.waiters().len()).sum();
+        if self.state.deadlines.wait_count() != waits {
             return Err("stray wait deadlines".into());
         }
-        let held = self.locks.values().filter(|l| l.holder.is_some()).count();
+        let held = self
+            .state
+            .locks
+            .values()
+            .filter(|l| l.holder.is_some())
+            .count();
         if self.held_keys != held {
             return Err(format!(
                 "{} keys counted as held, {held} held",

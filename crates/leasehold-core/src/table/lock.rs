@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::TokenId;
 use crate::command::{Checkpoint, Mode};
-use crate::{Fence, LeaseId, RequestId, Time};
+use crate::{Fence, LeaseId, LockError, RequestId, Time};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Lease {
@@ -27,6 +27,25 @@ pub(super) struct Lease {
     /// Keys this lease is queued for. Rebuilt on load like `held`.
     #[serde(skip)]
     pub(super) waiting: BTreeSet<Arc<str>>,
+}
+
+impl Lease {
+    /// A lease that holds and waits for nothing yet.
+    pub(super) fn new(
+        holder: Arc<str>,
+        ttl_ms: u64,
+        deadline: Time,
+        owner: Option<TokenId>,
+    ) -> Self {
+        Lease {
+            holder,
+            ttl_ms,
+            deadline,
+            owner,
+            held: BTreeSet::new(),
+            waiting: BTreeSet::new(),
+        }
+    }
 }
 
 /// A lock set's keys, sorted, each once.
@@ -87,6 +106,76 @@ impl Lock {
         mode.joins(self.holders().map(|h| h.mode), self.holder_count())
     }
 
+    /// Whether a newcomer in `mode` may take the key now: nobody waits for
+    /// it, it is not in lock-delay, and its holders admit the mode (none for
+    /// an exclusive hold, only readers for a reader, fewer than its permits
+    /// for a semaphore).
+    pub(super) fn free_for(&self, mode: Mode) -> bool {
+        self.delayed_until().is_none() && self.waiters().is_empty() && self.admits(mode)
+    }
+
+    /// Whether `lease`'s lock-set wait may take this key now: nobody holds
+    /// it, it is not in lock-delay, and the wait is first in line.
+    pub(super) fn ready_for_set(&self, lease: LeaseId) -> bool {
+        self.holder.is_none()
+            && self.delayed_until().is_none()
+            && self.waiters().front().is_some_and(|w| w.lease == lease)
+    }
+
+    /// Refuses `mode` on `key` (this lock) while it is held or waited for
+    /// as another kind: a lock, or a semaphore of another size.
+    pub(super) fn check_kind(&self, key: &str, mode: Mode) -> Result<(), LockError> {
+        let Some(is) = self.conflict(mode) else {
+            return Ok(());
+        };
+        let kind = |m: Mode| match m.permits() {
+            Some(n) => format!("a semaphore of {n} permits"),
+            None => "a lock".to_string(),
+        };
+        Err(LockError::invalid(
+            "permits",
+            format!(
+                "{key:?} is {} while anyone holds or waits for it; asked for it as {}",
+                kind(is),
+                kind(mode)
+            ),
+        ))
+    }
+
+    /// Why a newcomer may not take `key` (this lock) at table time `now`:
+    /// its holder, the lock set first in line for it, or its lock-delay.
+    /// `name` gives a lease's holder name.
+    pub(super) fn busy_error(
+        &self,
+        key: &str,
+        now: Time,
+        name: impl Fn(LeaseId) -> String,
+    ) -> LockError {
+        // Free, but a lock set waits first in line for it (and for keys
+        // that are not free yet): the set is next.
+        if let (None, None, Some(w)) = (&self.holder, self.delayed_until(), self.waiters().front())
+        {
+            return LockError::Held {
+                key: key.to_string(),
+                holder: format!("{} (next in line, for a lock set)", name(w.lease)),
+                lease: w.lease,
+                fence: 0,
+            };
+        }
+        match &self.holder {
+            Some(h) => LockError::Held {
+                key: key.to_string(),
+                holder: name(h.lease),
+                lease: h.lease,
+                fence: h.fence,
+            },
+            None => LockError::LockDelayed {
+                key: key.to_string(),
+                left_ms: self.delayed_until().map_or(0, |t| t.saturating_sub(now)),
+            },
+        }
+    }
+
     /// Adds a holder after the others.
     pub(super) fn add_holding(&mut self, holding: Holding) {
         if self.holder.is_none() {
@@ -121,6 +210,101 @@ impl Lock {
             .map(|h| h.mode)
             .chain(self.waiters().iter().map(|w| w.mode))
             .find(|m| m.permits() != mode.permits())
+    }
+
+    /// Queues `waiter` at the back.
+    pub(super) fn enqueue(&mut self, waiter: Waiter) {
+        #[cfg(feature = "planted-bugs")]
+        if crate::planted::is(crate::planted::TableBug::LifoQueue) {
+            self.extra_mut().waiters.push_front(waiter);
+            return;
+        }
+        self.extra_mut().waiters.push_back(waiter);
+    }
+
+    /// Takes `lease`'s wait out of the queue.
+    pub(super) fn take_waiter(&mut self, lease: LeaseId) -> Option<Waiter> {
+        let at = self.waiters().iter().position(|w| w.lease == lease)?;
+        let waiter = self.extra_mut().waiters.remove(at)?;
+        self.shrink();
+        Some(waiter)
+    }
+
+    /// Takes the first waiter out of the queue, whatever it waits for.
+    pub(super) fn pop_first(&mut self) -> Option<Waiter> {
+        self.extra.as_mut().and_then(|e| e.waiters.pop_front())
+    }
+
+    /// Takes the first waiter out of the queue if the holders admit its
+    /// mode. Every queued waiter is live: waits leave the queue when they
+    /// time out or their lease ends.
+    pub(super) fn pop_admitted(&mut self) -> Option<Waiter> {
+        let admitted = self.waiters().front().is_some_and(|w| self.admits(w.mode));
+        let next = if admitted { self.pop_first() } else { None };
+        self.shrink();
+        next
+    }
+
+    /// After a new leadership, every grant to a wait whose caller has not
+    /// come back, and every queued wait, is withdrawn at `until` unless its
+    /// caller comes back first. Tells `note` the lease of each.
+    pub(super) fn detach(&mut self, until: Time, mut note: impl FnMut(LeaseId)) {
+        if let Some(h) = self.holder.as_mut().filter(|h| h.attach_by.is_some()) {
+            h.attach_by = Some(until);
+            note(h.lease);
+        }
+        if let Some(extra) = self.extra.as_mut() {
+            for h in extra.more.iter_mut().filter(|h| h.attach_by.is_some()) {
+                h.attach_by = Some(until);
+                note(h.lease);
+            }
+            for w in extra.waiters.iter_mut() {
+                w.attach_by = Some(until);
+                note(w.lease);
+            }
+        }
+    }
+
+    /// The caller of `lease`'s wait here (or of the grant it turned into)
+    /// came back: neither is withdrawn for want of it any more, and the
+    /// wait's attempt moves on. Returns the re-attach deadline it cleared,
+    /// if any, and the new attempt's number (0: no wait, nor a grant to one).
+    pub(super) fn reattach(&mut self, lease: LeaseId) -> (Option<Time>, u64) {
+        let mut cleared = None;
+        let mut attempt = 0;
+        if let Some(h) = self.holding_mut(lease) {
+            cleared = h.attach_by.take();
+            if h.from_wait.is_some() {
+                h.attempt += 1;
+                attempt = h.attempt;
+            }
+        }
+        if let Some(extra) = self.extra.as_mut() {
+            if let Some(w) = extra.waiters.iter_mut().find(|w| w.lease == lease) {
+                let waiting = w.attach_by.take();
+                cleared = cleared.or(waiting);
+                w.attempt += 1;
+                attempt = w.attempt;
+            }
+        }
+        (cleared, attempt)
+    }
+
+    /// Starts a lock-delay: nobody may take the key before `until`.
+    pub(super) fn delay_until(&mut self, until: Time) {
+        self.extra_mut().delayed_until = Some(until);
+    }
+
+    /// Ends the lock-delay.
+    pub(super) fn end_delay(&mut self) {
+        self.extra_mut().delayed_until = None;
+        self.shrink();
+    }
+
+    /// Stores `checkpoint` in place of the one kept (`None`: clears it).
+    pub(super) fn set_checkpoint(&mut self, checkpoint: Option<Checkpoint>) {
+        self.extra_mut().checkpoint = checkpoint;
+        self.shrink();
     }
 
     pub(super) fn is_empty(&self) -> bool {
@@ -173,6 +357,53 @@ pub(super) struct Holding {
     pub(super) attempt: u64,
 }
 
+impl Holding {
+    /// A newcomer's hold, its fence not yet set.
+    pub(super) fn new(lease: LeaseId, mode: Mode, lock_delay_ms: u64) -> Self {
+        Holding {
+            lease,
+            fence: 0,
+            mode,
+            lock_delay_ms,
+            from_wait: None,
+            attach_by: None,
+            attempt: 0,
+        }
+    }
+
+    /// Refuses the lease that holds `key` with this hold asking for it again
+    /// in another `mode`: a reader asking to write would wait for itself.
+    pub(super) fn check_again(&self, key: &str, mode: Mode) -> Result<(), LockError> {
+        if self.mode == mode {
+            return Ok(());
+        }
+        Err(LockError::invalid(
+            "mode",
+            format!(
+                "lease {} already holds {key:?} as {}; release it before asking for it as {}",
+                self.lease,
+                self.mode.name(),
+                mode.name()
+            ),
+        ))
+    }
+
+    /// The hold `waiter` is granted from its queue, its fence not yet set. A
+    /// wait nobody has come back for since a new leadership keeps its
+    /// re-attach deadline on the grant.
+    pub(super) fn from_waiter(waiter: &Waiter) -> Self {
+        Holding {
+            lease: waiter.lease,
+            fence: 0,
+            mode: waiter.mode,
+            lock_delay_ms: waiter.lock_delay_ms,
+            from_wait: Some(waiter.request_id),
+            attach_by: waiter.attach_by,
+            attempt: waiter.attempt,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Waiter {
     pub(super) lease: LeaseId,
@@ -192,6 +423,34 @@ pub(super) struct Waiter {
     /// so an attempt its caller abandoned cannot withdraw the wait, or take
     /// back the grant, a later attempt is answering.
     pub(super) attempt: u64,
+}
+
+impl Waiter {
+    /// Refuses the lease whose wait for `key` this is coming back for it as
+    /// a single key while it waits as part of a lock set, or in another `mode`.
+    pub(super) fn check_again(&self, key: &str, mode: Mode) -> Result<(), LockError> {
+        if let Some(set) = &self.set {
+            return Err(LockError::invalid(
+                "key",
+                format!(
+                    "lease {} waits for {key:?} as part of the set {:?}",
+                    self.lease,
+                    &set[..]
+                ),
+            ));
+        }
+        if self.mode != mode {
+            return Err(LockError::invalid(
+                "mode",
+                format!(
+                    "lease {} already waits for {key:?} as {}",
+                    self.lease,
+                    self.mode.name()
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What an acquire asks for, beside its lease and key.

@@ -5,43 +5,45 @@
 //! The table is split by the data each part walks over; the rules that call
 //! one another stay together in `rules.rs`.
 //!
-//! - `mod.rs`: the [`LockTable`] and its fields, the public constants, and
-//!   [`LockTable::apply`], which takes in a stamp and hands each command to
-//!   its rule.
+//! - `mod.rs`: the [`LockTable`] (its persisted state and the counts kept
+//!   beside it), the public constants, and [`LockTable::apply`], which takes
+//!   in a stamp and hands each command to its rule.
+//! - `state.rs`: the persisted state, `TableState`, which is the snapshot,
+//!   and the indexes and counts rebuilt from it on load.
 //! - `lock.rs`: the data the rules walk over, each type keeping its own
 //!   invariants: one key's `Lock` (its holders, its queue, its checkpoint and
 //!   lock-delay), a `Holding`, a `Waiter`, a `Lease`, a lock set's keys.
+//! - `deadlines.rs`: `Deadlines`, when lease expiries, wait timeouts,
+//!   lock-delays and re-attach windows fall due; and the taking in of a
+//!   stamp (a new leadership's restamp, then what is due), which calls down
+//!   into `rules.rs`.
 //! - `rules.rs`: the rules that change the table (time, leases, locks, and
 //!   lock sets as their queues grant them), with an index of them at its top.
 //! - `sets.rs`: asking for a lock set; it calls down into `rules.rs`.
+//! - `lookup.rs`: what the rules look up before they act (a live lease, the
+//!   hold a token names, why a key is busy); nothing there changes the table.
 //! - `answers.rs`: the request-id cache, so a retried request never acts twice.
 //! - `authorize.rs`: who may run which command, and changes to auth.
 //! - `view.rs`: the read-only views and counts (`describe`, `list`, metrics)
 //!   and what a step would cost.
-//! - `state.rs`: the snapshot form, and the indexes rebuilt from it on load.
 //! - `invariants.rs`: the consistency check the tests run after every step.
 
 mod answers;
 mod authorize;
+mod deadlines;
 mod invariants;
 mod lock;
+mod lookup;
 mod rules;
 mod sets;
 mod state;
 mod view;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
-
-use serde::{Deserialize, Serialize};
-
-use crate::auth::{AuthState, TokenId};
+use crate::auth::TokenId;
 use crate::command::{Command, Event, Response, Stamp};
-use crate::{Fence, LeaseId, LockError, RequestId, Time};
+use crate::{LockError, Time};
 
-use answers::{serialize_sorted, Answers, Caller};
-use lock::{Lease, Lock, Set};
-use state::Restored;
+use state::TableState;
 
 pub use view::{HolderView, LeaseView, LockView, WaiterView};
 
@@ -66,46 +68,17 @@ pub type Outcome = Result<Response, LockError>;
 ///
 /// Pure and deterministic: time arrives in each command's [`Stamp`], nothing here
 /// reads a clock or does I/O, and the same commands from the same state always
-/// give the same state, responses and events. Every field is part of the
-/// snapshot but the indexes and counts rebuilt from it on load, so a restored
-/// table continues exactly where the original stood.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "Restored")]
+/// give the same state, responses and events. The snapshot is the persisted
+/// state alone (see `state.rs`); the indexes and counts beside it are rebuilt
+/// from it on load, so a restored table continues exactly where the original
+/// stood.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockTable {
-    /// Table time: the highest stamp applied. Never goes back.
-    now: Time,
-    /// The highest leader term seen; a higher one restamps every lease.
-    epoch: u64,
-    /// The next lease id. Ids are never reused.
-    next_lease: LeaseId,
-    /// The next fencing token. One sequence for all keys, for the life of the
-    /// deployment: it is in the snapshot and moves only forward.
-    next_fence: Fence,
-    leases: BTreeMap<LeaseId, Lease>,
-    /// Ordered so that listing by prefix is a range scan.
-    locks: BTreeMap<Arc<str>, Lock>,
-    /// Expiry order of leases.
-    lease_deadlines: BTreeSet<(Time, LeaseId)>,
-    /// Expiry order of queued waits.
-    wait_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
-    /// When keys leave their lock-delay.
-    delay_deadlines: BTreeSet<(Time, Arc<str>)>,
-    /// When waits (or grants to waits) that nobody re-attached after a new
-    /// leadership are withdrawn: (deadline, key, lease).
-    attach_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
-    /// Answers to recent requests by caller and id, so a retried request
-    /// never acts twice.
-    #[serde(serialize_with = "serialize_sorted")]
-    answered: Answers,
-    answered_order: VecDeque<(Time, Caller, RequestId)>,
-    /// Roles, tokens and the audit trail.
-    auth: AuthState,
-    /// Held lock sets, by their one token: the keys held with it.
-    sets: BTreeMap<Fence, Set>,
+    /// Everything the snapshot holds.
+    state: TableState,
     /// How many keys have at least one holder, kept as holds come and go so
     /// that reading it costs nothing at a million locks (`/metrics` reads it
     /// on every scrape). Not in the snapshot: counted again on load.
-    #[serde(skip)]
     held_keys: usize,
 }
 
@@ -118,23 +91,7 @@ impl Default for LockTable {
 impl LockTable {
     /// An empty table. Lease ids and fencing tokens start at 1.
     pub fn new() -> Self {
-        LockTable {
-            now: 0,
-            epoch: 0,
-            next_lease: 1,
-            next_fence: 1,
-            leases: BTreeMap::new(),
-            locks: BTreeMap::new(),
-            lease_deadlines: BTreeSet::new(),
-            wait_deadlines: BTreeSet::new(),
-            delay_deadlines: BTreeSet::new(),
-            attach_deadlines: BTreeSet::new(),
-            answered: Answers::default(),
-            answered_order: VecDeque::new(),
-            auth: AuthState::default(),
-            sets: BTreeMap::new(),
-            held_keys: 0,
-        }
+        LockTable::rebuilt(TableState::empty())
     }
 
     /// Applies one command at the stamped time.
@@ -143,9 +100,9 @@ impl LockTable {
     /// everything due by `stamp.now` expires), then the command runs. A refused
     /// command changes nothing beyond what the passing of time did.
     pub fn apply(&mut self, stamp: Stamp, command: Command, events: &mut Vec<Event>) -> Outcome {
-        let now = self.now.max(stamp.now);
-        if stamp.epoch > self.epoch {
-            self.epoch = stamp.epoch;
+        let now = self.state.now.max(stamp.now);
+        if stamp.epoch > self.state.epoch {
+            self.state.epoch = stamp.epoch;
             self.restamp(now);
         }
         self.advance(now, events);

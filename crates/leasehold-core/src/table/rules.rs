@@ -1,10 +1,13 @@
 //! The rules that change the table. They stay in one file because they call
 //! one another: a lease that ends frees its keys, a freed key's queue moves
 //! on, the queue grants, and the grant is remembered as the answer to the
-//! request that waited. Asking for a lock set is in `sets.rs`, which calls
-//! down into these rules and is never called by them.
+//! request that waited. Two files call down into these rules and are never
+//! called by them: `deadlines.rs`, which takes in each stamp (the restamp
+//! of a new leadership, then what is due), and `sets.rs`, which asks for
+//! lock sets. The data walked over keeps its own invariants (`lock.rs`,
+//! `deadlines.rs`); the look-ups and refusals are in `lookup.rs`.
 //!
-//! Time:
+//! Time (taken in by `deadlines.rs`):
 //! - a new leader restamps every lease to its full TTL, and gives every
 //!   queued wait (and every grant to a wait nobody came back for)
 //!   `REATTACH_MS` for its caller to come back, before anything expires;
@@ -70,102 +73,24 @@
 //!   key withdraws it from all.
 
 use std::collections::btree_map::Entry;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::auth::TokenId;
 use crate::command::{Checkpoint, Event, Grant, Mode, Response, WaitEnd};
-use crate::limits;
-use crate::{Fence, LeaseId, LockError, RequestId, Time};
+use crate::{Fence, LeaseId, RequestId, Time};
 
 use super::answers::{Asked, Caller};
 use super::lock::{Ask, Holding, Lease, Lock, Set, Waiter};
-use super::{LockTable, Outcome, DEDUPE_CAPACITY, DEDUPE_WINDOW_MS, REATTACH_MS};
+use super::{LockTable, Outcome};
 
 impl LockTable {
     // ---- time ----
 
-    /// A new leader gives every live lease its full TTL again, and gives every
-    /// queued wait [`REATTACH_MS`] for its caller to come back: the calls that
-    /// were waiting were connections to the old leader, and are gone.
-    pub(super) fn restamp(&mut self, now: Time) {
-        self.lease_deadlines.clear();
-        for (id, lease) in self.leases.iter_mut() {
-            lease.deadline = now.saturating_add(lease.ttl_ms);
-            self.lease_deadlines.insert((lease.deadline, *id));
-        }
-        let until = now.saturating_add(REATTACH_MS);
-        self.attach_deadlines.clear();
-        for (key, lock) in self.locks.iter_mut() {
-            if let Some(h) = lock.holder.as_mut().filter(|h| h.attach_by.is_some()) {
-                h.attach_by = Some(until);
-                self.attach_deadlines.insert((until, key.clone(), h.lease));
-            }
-            if let Some(extra) = lock.extra.as_mut() {
-                for h in extra.more.iter_mut().filter(|h| h.attach_by.is_some()) {
-                    h.attach_by = Some(until);
-                    self.attach_deadlines.insert((until, key.clone(), h.lease));
-                }
-                for w in extra.waiters.iter_mut() {
-                    w.attach_by = Some(until);
-                    self.attach_deadlines.insert((until, key.clone(), w.lease));
-                }
-            }
-        }
-    }
-
-    pub(super) fn advance(&mut self, now: Time, events: &mut Vec<Event>) {
-        self.now = now;
-        while let Some(&(deadline, id)) = self.lease_deadlines.first() {
-            if deadline > now {
-                break;
-            }
-            self.end_lease(id, true, events);
-            events.push(Event::LeaseExpired { lease: id });
-        }
-        while let Some((deadline, key, lease)) = self.wait_deadlines.first().cloned() {
-            if deadline > now {
-                break;
-            }
-            // Those behind it may be admitted now (readers behind a writer).
-            self.withdraw(&key, lease, WaitEnd::TimedOut, true, events);
-        }
-        while let Some((deadline, key)) = self.delay_deadlines.first().cloned() {
-            if deadline > now {
-                break;
-            }
-            self.delay_deadlines.pop_first();
-            if let Some(lock) = self.locks.get_mut(&key) {
-                lock.extra_mut().delayed_until = None;
-                lock.shrink();
-            }
-            self.advance_queue(&key, events);
-        }
-        while let Some((deadline, key, lease)) = self.attach_deadlines.first().cloned() {
-            if deadline > now {
-                break;
-            }
-            self.abandon(&key, lease, events);
-        }
-        while let Some(&(at, caller, id)) = self.answered_order.front() {
-            if at.saturating_add(DEDUPE_WINDOW_MS) > now
-                && self.answered_order.len() <= DEDUPE_CAPACITY
-            {
-                break;
-            }
-            self.answered_order.pop_front();
-            if self.answered.get(&(caller, id)).is_some_and(|a| a.at == at) {
-                self.answered.remove(&(caller, id));
-            }
-        }
-    }
-
     /// Nobody came back for `lease`'s wait on `key` after a new leadership:
     /// withdraw the wait, or take back the grant it turned into.
-    fn abandon(&mut self, key: &Arc<str>, lease: LeaseId, events: &mut Vec<Event>) {
-        let Some(lock) = self.locks.get(key) else {
-            self.attach_deadlines
-                .retain(|(_, k, l)| !(k == key && *l == lease));
+    pub(super) fn abandon(&mut self, key: &Arc<str>, lease: LeaseId, events: &mut Vec<Event>) {
+        let Some(lock) = self.state.locks.get(key) else {
+            self.state.deadlines.forget_attach(key, lease);
             return;
         };
         if let Some(h) = lock.holding_of(lease).filter(|h| h.attach_by.is_some()) {
@@ -173,32 +98,22 @@ impl LockTable {
             // Clears the deadline entry with the holding.
             let _ = self.release(key, fence, events);
             self.forget(Caller::Lease(lease), request_id);
-        } else if self.withdraw(key, lease, WaitEnd::Abandoned, true, events) {
-        } else {
-            self.attach_deadlines
-                .retain(|(_, k, l)| !(k == key && *l == lease));
+        } else if !self.withdraw(key, lease, WaitEnd::Abandoned, true, events) {
+            self.state.deadlines.forget_attach(key, lease);
         }
     }
 
     // ---- leases ----
 
-    fn grant(&mut self, ttl_ms: u64, holder: String, owner: Option<TokenId>) -> Outcome {
-        let id = self.next_lease;
-        self.next_lease += 1;
-        let deadline = self.now.saturating_add(ttl_ms);
-        self.leases.insert(
-            id,
-            Lease {
-                holder: holder.into(),
-                ttl_ms,
-                deadline,
-                owner,
-                held: BTreeSet::new(),
-                waiting: BTreeSet::new(),
-            },
-        );
-        self.lease_deadlines.insert((deadline, id));
-        Ok(Response::LeaseGranted { lease: id, ttl_ms })
+    /// Hands out a new lease, with a deadline a TTL after table time.
+    fn grant(&mut self, ttl_ms: u64, holder: Arc<str>, owner: Option<TokenId>) -> LeaseId {
+        let id = self.state.next_lease;
+        self.state.next_lease += 1;
+        let deadline = self.state.now.saturating_add(ttl_ms);
+        let lease = Lease::new(holder, ttl_ms, deadline, owner);
+        self.state.leases.insert(id, lease);
+        self.state.deadlines.add_lease(deadline, id);
+        id
     }
 
     pub(super) fn grant_once(
@@ -217,7 +132,8 @@ impl LockTable {
         if let Some(first) = self.recall(caller, request_id, &asked)? {
             return Ok(first);
         }
-        let response = self.grant(ttl_ms, holder.to_string(), owner)?;
+        let lease = self.grant(ttl_ms, holder, owner);
+        let response = Response::LeaseGranted { lease, ttl_ms };
         self.remember(caller, request_id, asked, response.clone());
         Ok(response)
     }
@@ -260,16 +176,13 @@ impl LockTable {
             );
         }
         // Refuse before granting, so a refusal leaves no lease behind.
-        if let Some(lock) = self.locks.get(key) {
-            self.check_kind(key, lock, mode)?;
-            if wait_ms == 0 && !Self::free(lock, mode) {
+        if let Some(lock) = self.state.locks.get(key) {
+            lock.check_kind(key, mode)?;
+            if wait_ms == 0 && !lock.free_for(mode) {
                 return Err(self.busy_error(key, lock));
             }
         }
-        let Response::LeaseGranted { lease, .. } = self.grant(ttl_ms, holder.to_string(), owner)?
-        else {
-            return Err(LockError::invalid("lease", "not granted"));
-        };
+        let lease = self.grant(ttl_ms, holder, owner);
         let response = self.acquire_once(
             lease,
             key,
@@ -282,29 +195,14 @@ impl LockTable {
         Ok(response)
     }
 
-    pub(super) fn live_lease(&self, id: LeaseId) -> Result<&Lease, LockError> {
-        self.leases.get(&id).ok_or_else(|| self.no_lease(id))
-    }
-
-    /// Why lease `id` is not live: it ended (expired or revoked: one answer,
-    /// whatever asks), or it was never handed out.
-    pub fn no_lease(&self, id: LeaseId) -> LockError {
-        if id != 0 && id < self.next_lease {
-            LockError::LeaseExpired { lease: id }
-        } else {
-            LockError::LeaseNotFound { lease: id }
-        }
-    }
-
     pub(super) fn keep_alive(&mut self, id: LeaseId) -> Outcome {
-        self.live_lease(id)?;
-        let now = self.now;
-        let Some(lease) = self.leases.get_mut(&id) else {
-            return Err(LockError::LeaseNotFound { lease: id });
+        let now = self.state.now;
+        let Some(lease) = self.state.leases.get_mut(&id) else {
+            return Err(self.no_lease(id));
         };
-        self.lease_deadlines.remove(&(lease.deadline, id));
+        self.state.deadlines.remove_lease(lease.deadline, id);
         lease.deadline = now.saturating_add(lease.ttl_ms);
-        self.lease_deadlines.insert((lease.deadline, id));
+        self.state.deadlines.add_lease(lease.deadline, id);
         Ok(Response::Renewed {
             ttl_ms: lease.ttl_ms,
         })
@@ -325,11 +223,16 @@ impl LockTable {
     /// (nobody waiting, no lock-delay) costs one walk down `locks`: found,
     /// freed and removed through the one entry, with no second look-up to
     /// hand it on and no copy of its name.
-    fn end_lease(&mut self, id: LeaseId, expired: bool, events: &mut Vec<Event>) -> Vec<String> {
-        let Some(lease) = self.leases.remove(&id) else {
+    pub(super) fn end_lease(
+        &mut self,
+        id: LeaseId,
+        expired: bool,
+        events: &mut Vec<Event>,
+    ) -> Vec<String> {
+        let Some(lease) = self.state.leases.remove(&id) else {
             return Vec::new();
         };
-        self.lease_deadlines.remove(&(lease.deadline, id));
+        self.state.deadlines.remove_lease(lease.deadline, id);
         for key in &lease.waiting {
             self.withdraw(key, id, WaitEnd::LeaseGone, false, events);
         }
@@ -343,7 +246,7 @@ impl LockTable {
         // yet (lock-delay): the queue decides what happens to them next.
         let mut handed_on = Vec::new();
         for key in &lease.held {
-            let Entry::Occupied(mut entry) = self.locks.entry(key.clone()) else {
+            let Entry::Occupied(mut entry) = self.state.locks.entry(key.clone()) else {
                 continue;
             };
             let lock = entry.get_mut();
@@ -354,11 +257,11 @@ impl LockTable {
                 self.held_keys = self.held_keys.saturating_sub(1);
             }
             // Every key of a set this lease held is released here too.
-            if !self.sets.is_empty() {
-                self.sets.remove(&holding.fence);
+            if !self.state.sets.is_empty() {
+                self.state.sets.remove(&holding.fence);
             }
             if let Some(t) = holding.attach_by {
-                self.attach_deadlines.remove(&(t, key.clone(), id));
+                self.state.deadlines.remove_attach(t, key, id);
             }
             let (key, fence, holder) = (key.clone(), holding.fence, lease.holder.clone());
             if expired {
@@ -367,9 +270,9 @@ impl LockTable {
                 #[cfg(not(feature = "planted-bugs"))]
                 let delay = true;
                 if delay && holding.lock_delay_ms > 0 {
-                    let until = self.now.saturating_add(holding.lock_delay_ms);
-                    lock.extra_mut().delayed_until = Some(until);
-                    self.delay_deadlines.insert((until, key.clone()));
+                    let until = self.state.now.saturating_add(holding.lock_delay_ms);
+                    lock.delay_until(until);
+                    self.state.deadlines.add_delay(until, key.clone());
                 }
                 events.push(Event::Expired {
                     key: key.clone(),
@@ -399,33 +302,6 @@ impl LockTable {
     }
 
     // ---- locks ----
-
-    /// Whether a newcomer in `mode` may take the key now: nobody waits for
-    /// it, it is not in lock-delay, and its holders admit the mode (none for
-    /// an exclusive hold, only readers for a reader, fewer than its permits
-    /// for a semaphore).
-    pub(super) fn free(lock: &Lock, mode: Mode) -> bool {
-        lock.delayed_until().is_none() && lock.waiters().is_empty() && lock.admits(mode)
-    }
-
-    /// Refuses `mode` on a key held or waited for as another kind.
-    pub(super) fn check_kind(&self, key: &str, lock: &Lock, mode: Mode) -> Result<(), LockError> {
-        let Some(is) = lock.conflict(mode) else {
-            return Ok(());
-        };
-        let kind = |m: Mode| match m.permits() {
-            Some(n) => format!("a semaphore of {n} permits"),
-            None => "a lock".to_string(),
-        };
-        Err(LockError::invalid(
-            "permits",
-            format!(
-                "{key:?} is {} while anyone holds or waits for it; asked for it as {}",
-                kind(is),
-                kind(mode)
-            ),
-        ))
-    }
 
     pub(super) fn acquire_once(
         &mut self,
@@ -468,30 +344,15 @@ impl LockTable {
     /// came back: it is no longer withdrawn after a new leadership, and this
     /// is its newest attempt. Returns the attempt's number (0: no wait).
     pub(super) fn reattach(&mut self, key: &str, lease_id: LeaseId) -> u64 {
-        let Some(key) = self.locks.get_key_value(key).map(|(k, _)| k.clone()) else {
+        let Some(key) = self.state.locks.get_key_value(key).map(|(k, _)| k.clone()) else {
             return 0;
         };
-        let Some(lock) = self.locks.get_mut(&key) else {
+        let Some(lock) = self.state.locks.get_mut(&key) else {
             return 0;
         };
-        let mut cleared = None;
-        let mut attempt = 0;
-        if let Some(h) = lock.holding_mut(lease_id) {
-            cleared = h.attach_by.take();
-            if h.from_wait.is_some() {
-                h.attempt += 1;
-                attempt = h.attempt;
-            }
-        }
-        if let Some(extra) = lock.extra.as_mut() {
-            if let Some(w) = extra.waiters.iter_mut().find(|w| w.lease == lease_id) {
-                cleared = cleared.or(w.attach_by.take());
-                w.attempt += 1;
-                attempt = w.attempt;
-            }
-        }
+        let (cleared, attempt) = lock.reattach(lease_id);
         if let Some(t) = cleared {
-            self.attach_deadlines.remove(&(t, key, lease_id));
+            self.state.deadlines.remove_attach(t, &key, lease_id);
         }
         attempt
     }
@@ -505,24 +366,16 @@ impl LockTable {
     ) -> Outcome {
         // Validated by `acquire_once`, its only caller.
         let lease = self.live_lease(lease_id)?;
-        let lock = self.locks.get(key);
+        let lock = self.state.locks.get(key);
         if let Some(lock) = lock {
-            self.check_kind(key, lock, ask.mode)?;
+            lock.check_kind(key, ask.mode)?;
         }
         if lease.held.contains(key) {
             // Acquiring what you already hold is answered with the hold you
-            // have; asking for it in another mode (a reader asking to write)
-            // would wait for itself.
+            // have, if you ask for it in the same mode.
             let holding = lock.and_then(|l| l.holding_of(lease_id));
-            if let Some(h) = holding.filter(|h| h.mode != ask.mode) {
-                return Err(LockError::invalid(
-                    "mode",
-                    format!(
-                        "lease {lease_id} already holds {key:?} as {}; release it before asking for it as {}",
-                        h.mode.name(),
-                        ask.mode.name()
-                    ),
-                ));
+            if let Some(h) = holding {
+                h.check_again(key, ask.mode)?;
             }
             let fence = holding.map_or(0, |h| h.fence);
             let checkpoint = lock.and_then(|l| l.checkpoint().cloned());
@@ -540,23 +393,8 @@ impl LockTable {
                     .enumerate()
                     .find(|(_, w)| w.lease == lease_id)
             });
-            if let Some((_, w)) = waiting.filter(|(_, w)| w.set.is_some()) {
-                return Err(LockError::invalid(
-                    "key",
-                    format!(
-                        "lease {lease_id} waits for {key:?} as part of the set {:?}",
-                        w.set.as_deref().unwrap_or_default()
-                    ),
-                ));
-            }
-            if let Some((_, w)) = waiting.filter(|(_, w)| w.mode != ask.mode) {
-                return Err(LockError::invalid(
-                    "mode",
-                    format!(
-                        "lease {lease_id} already waits for {key:?} as {}",
-                        w.mode.name()
-                    ),
-                ));
+            if let Some((_, w)) = waiting {
+                w.check_again(key, ask.mode)?;
             }
             let position = waiting.map_or(0, |(at, _)| at);
             // Asking again for a wait is coming back for it.
@@ -567,21 +405,18 @@ impl LockTable {
                 attempt,
             });
         }
-        let now = self.now;
+        let now = self.state.now;
         match lock {
             None => {}
-            Some(lock) if Self::free(lock, ask.mode) => {}
+            Some(lock) if lock.free_for(ask.mode) => {}
             Some(lock) => {
                 if ask.wait_ms == 0 {
                     return Err(self.busy_error(key, lock));
                 }
                 let deadline = now.saturating_add(ask.wait_ms);
-                let (key, position) = match self.locks.get_key_value(key) {
-                    Some((k, l)) => (k.clone(), l.waiters().len()),
-                    None => return Err(LockError::invalid("key", "vanished")),
-                };
-                if let Some(lock) = self.locks.get_mut(&key) {
-                    let waiter = Waiter {
+                let (key, position) = (self.shared_key(key), lock.waiters().len());
+                if let Some(lock) = self.state.locks.get_mut(&key) {
+                    lock.enqueue(Waiter {
                         lease: lease_id,
                         mode: ask.mode,
                         set: None,
@@ -590,19 +425,12 @@ impl LockTable {
                         request_id: ask.request_id,
                         attach_by: None,
                         attempt: 1,
-                    };
-                    #[cfg(feature = "planted-bugs")]
-                    if crate::planted::is(crate::planted::TableBug::LifoQueue) {
-                        lock.extra_mut().waiters.push_front(waiter);
-                    } else {
-                        lock.extra_mut().waiters.push_back(waiter);
-                    }
-                    #[cfg(not(feature = "planted-bugs"))]
-                    lock.extra_mut().waiters.push_back(waiter);
+                    });
                 }
-                self.wait_deadlines
-                    .insert((deadline, key.clone(), lease_id));
-                if let Some(lease) = self.leases.get_mut(&lease_id) {
+                self.state
+                    .deadlines
+                    .add_wait(deadline, key.clone(), lease_id);
+                if let Some(lease) = self.state.leases.get_mut(&lease_id) {
                     lease.waiting.insert(key);
                 }
                 return Ok(Response::Queued {
@@ -612,57 +440,10 @@ impl LockTable {
                 });
             }
         }
-        let key: Arc<str> = match self.locks.get_key_value(key) {
-            Some((k, _)) => k.clone(),
-            None => Arc::from(key),
-        };
-        let holding = Holding {
-            lease: lease_id,
-            fence: 0,
-            mode: ask.mode,
-            lock_delay_ms: ask.lock_delay_ms,
-            from_wait: None,
-            attach_by: None,
-            attempt: 0,
-        };
+        let key = self.shared_key(key);
+        let holding = Holding::new(lease_id, ask.mode, ask.lock_delay_ms);
         let grant = self.grant_lock(&key, holding, events);
         Ok(Response::Acquired(grant))
-    }
-
-    pub(super) fn busy_error(&self, key: &str, lock: &Lock) -> LockError {
-        let name = |lease: LeaseId| {
-            self.leases
-                .get(&lease)
-                .map_or_else(String::new, |l| l.holder.to_string())
-        };
-        // Free, but a lock set waits first in line for it (and for keys
-        // that are not free yet): the set is next.
-        if let (None, None, Some(w)) = (&lock.holder, lock.delayed_until(), lock.waiters().front())
-        {
-            return LockError::Held {
-                key: key.to_string(),
-                holder: format!("{} (next in line, for a lock set)", name(w.lease)),
-                lease: w.lease,
-                fence: 0,
-            };
-        }
-        match &lock.holder {
-            Some(h) => LockError::Held {
-                key: key.to_string(),
-                holder: self
-                    .leases
-                    .get(&h.lease)
-                    .map_or_else(String::new, |l| l.holder.to_string()),
-                lease: h.lease,
-                fence: h.fence,
-            },
-            None => LockError::LockDelayed {
-                key: key.to_string(),
-                left_ms: lock
-                    .delayed_until()
-                    .map_or(0, |t| t.saturating_sub(self.now)),
-            },
-        }
     }
 
     /// Adds `holding` (its fence not yet set) to a key that admits it, with
@@ -673,15 +454,32 @@ impl LockTable {
         mut holding: Holding,
         events: &mut Vec<Event>,
     ) -> Grant {
-        let fence = self.next_fence;
-        self.next_fence += 1;
-        holding.fence = fence;
-        let lease_id = holding.lease;
-        let lock = self.locks.entry(key.clone()).or_default();
+        holding.fence = self.state.new_fence();
+        let (lease, fence) = (holding.lease, holding.fence);
+        let checkpoint = self.add_hold(key, holding, events);
+        Grant {
+            lease,
+            fence,
+            checkpoint,
+        }
+    }
+
+    /// Adds `holding` (its fence set) to `key`, counts the key as held if it
+    /// was not, indexes it under its lease, and tells of the grant. Returns
+    /// the key's checkpoint, which the event carries to the new holder.
+    fn add_hold(
+        &mut self,
+        key: &Arc<str>,
+        holding: Holding,
+        events: &mut Vec<Event>,
+    ) -> Option<Checkpoint> {
+        let (lease_id, fence) = (holding.lease, holding.fence);
+        let lock = self.state.locks.entry(key.clone()).or_default();
         self.held_keys += usize::from(lock.holder.is_none());
         lock.add_holding(holding);
+        lock.shrink();
         let checkpoint = lock.checkpoint().cloned();
-        let holder = match self.leases.get_mut(&lease_id) {
+        let holder = match self.state.leases.get_mut(&lease_id) {
             Some(lease) => {
                 lease.held.insert(key.clone());
                 lease.holder.clone()
@@ -695,19 +493,15 @@ impl LockTable {
             holder,
             checkpoint: checkpoint.clone(),
         });
-        Grant {
-            lease: lease_id,
-            fence,
-            checkpoint,
-        }
+        checkpoint
     }
 
     /// Hands a key to those first in its queue that its holders admit, in
     /// the same step that freed it: one writer, or every reader up to the
     /// next writer, or waiters up to a semaphore's permits.
-    fn advance_queue(&mut self, key: &Arc<str>, events: &mut Vec<Event>) {
+    pub(super) fn advance_queue(&mut self, key: &Arc<str>, events: &mut Vec<Event>) {
         loop {
-            let Some(lock) = self.locks.get_mut(key) else {
+            let Some(lock) = self.state.locks.get_mut(key) else {
                 return;
             };
             if lock.delayed_until().is_some() {
@@ -727,36 +521,14 @@ impl LockTable {
                 self.grant_set_from_queue(&set, lease, events);
                 continue;
             }
-            // Every queued waiter is live: waits leave the queue when they
-            // time out or their lease ends.
-            let admitted = lock.waiters().front().is_some_and(|w| lock.admits(w.mode));
-            let next = if admitted {
-                lock.extra.as_mut().and_then(|e| e.waiters.pop_front())
-            } else {
-                None
-            };
-            lock.shrink();
-            let Some(waiter) = next else {
+            let Some(waiter) = lock.pop_admitted() else {
                 self.drop_if_empty(key);
                 return;
             };
-            self.wait_deadlines
-                .remove(&(waiter.deadline, key.clone(), waiter.lease));
-            if let Some(lease) = self.leases.get_mut(&waiter.lease) {
-                lease.waiting.remove(key);
-            }
+            self.left_queue(key, &waiter);
             // A waiter nobody has come back for since a new leadership keeps
             // its attach deadline (and its entry) on the grant.
-            let holding = Holding {
-                lease: waiter.lease,
-                fence: 0,
-                mode: waiter.mode,
-                lock_delay_ms: waiter.lock_delay_ms,
-                from_wait: Some(waiter.request_id),
-                attach_by: waiter.attach_by,
-                attempt: waiter.attempt,
-            };
-            let grant = self.grant_lock(key, holding, events);
+            let grant = self.grant_lock(key, Holding::from_waiter(&waiter), events);
             self.remember(
                 Caller::Lease(waiter.lease),
                 waiter.request_id,
@@ -771,36 +543,15 @@ impl LockTable {
 
     // ---- lock sets ----
 
-    /// Whether `lease`'s set wait is first in line on every key of `set`,
-    /// and every key is free (no holder, no lock-delay).
-    pub(super) fn set_ready(&self, set: &Set, lease: LeaseId) -> bool {
-        set.iter().all(|k| {
-            self.locks.get(k).is_some_and(|l| {
-                l.holder.is_none()
-                    && l.delayed_until().is_none()
-                    && l.waiters().front().is_some_and(|w| w.lease == lease)
-            })
-        })
-    }
-
     /// Takes a ready set wait out of every queue and grants it.
     fn grant_set_from_queue(&mut self, set: &Set, lease_id: LeaseId, events: &mut Vec<Event>) {
         let mut attach = Vec::with_capacity(set.len());
         let (mut lock_delay_ms, mut request_id, mut attempt) = (0, 0, 0);
         for key in set.iter() {
-            let Some(waiter) = self
-                .locks
-                .get_mut(key)
-                .and_then(|l| l.extra.as_mut())
-                .and_then(|e| e.waiters.pop_front())
-            else {
+            let Some(waiter) = self.state.locks.get_mut(key).and_then(Lock::pop_first) else {
                 continue;
             };
-            self.wait_deadlines
-                .remove(&(waiter.deadline, key.clone(), lease_id));
-            if let Some(lease) = self.leases.get_mut(&lease_id) {
-                lease.waiting.remove(key);
-            }
+            self.left_queue(key, &waiter);
             (lock_delay_ms, request_id, attempt) =
                 (waiter.lock_delay_ms, waiter.request_id, waiter.attempt);
             attach.push(waiter.attach_by);
@@ -832,16 +583,9 @@ impl LockTable {
         from_wait: Option<(RequestId, u64)>,
         events: &mut Vec<Event>,
     ) -> Grant {
-        let fence = self.next_fence;
-        self.next_fence += 1;
-        let holder = self
-            .leases
-            .get(&lease_id)
-            .map_or_else(|| Arc::from(""), |l| l.holder.clone());
+        let fence = self.state.new_fence();
         for (i, key) in set.iter().enumerate() {
-            let lock = self.locks.entry(key.clone()).or_default();
-            self.held_keys += usize::from(lock.holder.is_none());
-            lock.add_holding(Holding {
+            let holding = Holding {
                 lease: lease_id,
                 fence,
                 mode: Mode::Exclusive,
@@ -849,21 +593,10 @@ impl LockTable {
                 from_wait: from_wait.map(|(id, _)| id),
                 attach_by: attach_by(i),
                 attempt: from_wait.map_or(0, |(_, attempt)| attempt),
-            });
-            lock.shrink();
-            let checkpoint = lock.checkpoint().cloned();
-            if let Some(lease) = self.leases.get_mut(&lease_id) {
-                lease.held.insert(key.clone());
-            }
-            events.push(Event::Acquired {
-                key: key.clone(),
-                fence,
-                lease: lease_id,
-                holder: holder.clone(),
-                checkpoint,
-            });
+            };
+            self.add_hold(key, holding, events);
         }
-        self.sets.insert(fence, set.clone());
+        self.state.sets.insert(fence, set.clone());
         Grant {
             lease: lease_id,
             fence,
@@ -874,7 +607,7 @@ impl LockTable {
     /// Ends `lease_id`'s wait for `key` (for every key of its set, if it is a
     /// set's), telling why; with `advance`, hands each key to whoever is next.
     /// False if it was not waiting.
-    fn withdraw(
+    pub(super) fn withdraw(
         &mut self,
         key: &Arc<str>,
         lease_id: LeaseId,
@@ -908,26 +641,30 @@ impl LockTable {
         true
     }
 
-    /// Takes a lease's wait out of one key's queue.
+    /// Takes a lease's wait out of one key's queue, with its deadlines.
     fn take_waiter(&mut self, key: &Arc<str>, lease_id: LeaseId) -> Option<Waiter> {
-        let lock = self.locks.get_mut(key)?;
-        let at = lock.waiters().iter().position(|w| w.lease == lease_id)?;
-        let waiter = lock.extra_mut().waiters.remove(at)?;
-        lock.shrink();
-        self.wait_deadlines
-            .remove(&(waiter.deadline, key.clone(), lease_id));
+        let waiter = self.state.locks.get_mut(key)?.take_waiter(lease_id)?;
+        self.left_queue(key, &waiter);
         if let Some(t) = waiter.attach_by {
-            self.attach_deadlines.remove(&(t, key.clone(), lease_id));
-        }
-        if let Some(lease) = self.leases.get_mut(&lease_id) {
-            lease.waiting.remove(key);
+            self.state.deadlines.remove_attach(t, key, lease_id);
         }
         Some(waiter)
     }
 
+    /// `waiter` left `key`'s queue: its timeout and its lease's index entry go.
+    fn left_queue(&mut self, key: &Arc<str>, waiter: &Waiter) {
+        let state = &mut self.state;
+        state
+            .deadlines
+            .remove_wait(waiter.deadline, key, waiter.lease);
+        if let Some(lease) = state.leases.get_mut(&waiter.lease) {
+            lease.waiting.remove(key);
+        }
+    }
+
     fn drop_if_empty(&mut self, key: &Arc<str>) {
-        if self.locks.get(key).is_some_and(Lock::is_empty) {
-            self.locks.remove(key);
+        if self.state.locks.get(key).is_some_and(Lock::is_empty) {
+            self.state.locks.remove(key);
         }
     }
 
@@ -939,7 +676,7 @@ impl LockTable {
         attempt: u64,
         events: &mut Vec<Event>,
     ) -> Outcome {
-        let Some((key, lock)) = self.locks.get_key_value(key) else {
+        let Some((key, lock)) = self.state.locks.get_key_value(key) else {
             return Ok(Response::WaitCancelled);
         };
         let key = key.clone();
@@ -965,29 +702,10 @@ impl LockTable {
         Ok(Response::WaitCancelled)
     }
 
-    fn held_by<'a>(
-        &'a self,
-        key: &str,
-        fence: Fence,
-    ) -> Result<(&'a Arc<str>, &'a Holding), LockError> {
-        limits::validate_key(key)?;
-        let found = self.locks.get_key_value(key);
-        if let Some((k, h)) =
-            found.and_then(|(k, l)| Some((k, l.holders().find(|h| h.fence == fence)?)))
-        {
-            return Ok((k, h));
-        }
-        Err(LockError::StaleFence {
-            key: key.to_string(),
-            presented: fence,
-            current: found.and_then(|(_, l)| l.holder.as_ref()).map(|h| h.fence),
-        })
-    }
-
     fn release(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
         self.held_by(key, fence)?;
         // A set is released together, by any of its keys.
-        let keys: Vec<Arc<str>> = match self.sets.remove(&fence) {
+        let keys: Vec<Arc<str>> = match self.state.sets.remove(&fence) {
             Some(set) => set.to_vec(),
             None => vec![Arc::from(key)],
         };
@@ -1005,16 +723,16 @@ impl LockTable {
         let (key, holding) = self.held_by(key, fence)?;
         let (key, lease_id, attach_by) = (key.clone(), holding.lease, holding.attach_by);
         if let Some(t) = attach_by {
-            self.attach_deadlines.remove(&(t, key.clone(), lease_id));
+            self.state.deadlines.remove_attach(t, &key, lease_id);
         }
-        let holder = match self.leases.get_mut(&lease_id) {
+        let holder = match self.state.leases.get_mut(&lease_id) {
             Some(lease) => {
                 lease.held.remove(&key);
                 lease.holder.clone()
             }
             None => Arc::from(""),
         };
-        if let Some(lock) = self.locks.get_mut(&key) {
+        if let Some(lock) = self.state.locks.get_mut(&key) {
             if lock.take_holding(lease_id).is_some() && lock.holder.is_none() {
                 self.held_keys = self.held_keys.saturating_sub(1);
             }
@@ -1038,17 +756,11 @@ impl LockTable {
         let (key, holding) = self.held_by(key, fence)?;
         let (key, lease) = (key.clone(), holding.lease);
         let data: Arc<[u8]> = data.into();
-        if let Some(lock) = self.locks.get_mut(&key) {
-            lock.extra_mut().checkpoint = (!data.is_empty()).then(|| Checkpoint {
-                data: data.clone(),
-                fence,
-            });
-            lock.shrink();
+        if let Some(lock) = self.state.locks.get_mut(&key) {
+            let data = data.clone();
+            lock.set_checkpoint((!data.is_empty()).then_some(Checkpoint { data, fence }));
         }
-        let holder = self
-            .leases
-            .get(&lease)
-            .map_or_else(|| Arc::from(""), |l| l.holder.clone());
+        let holder = self.holder_name(lease);
         events.push(Event::CheckpointSaved {
             key,
             fence,

@@ -17,8 +17,6 @@
 //!   key's reason, and a set that waits joins the back of every key's queue,
 //!   with one deadline.
 
-use std::sync::Arc;
-
 use crate::command::{Event, Grant, Mode, Response};
 use crate::limits;
 use crate::{LeaseId, LockError, RequestId};
@@ -40,14 +38,7 @@ impl LockTable {
         let keys = limits::validate_set(keys)?;
         self.live_lease(lease_id)?;
         // The table's own keys where it has them, so a set shares them.
-        let set: Set = keys
-            .iter()
-            .map(|k| {
-                self.locks
-                    .get_key_value(k.as_str())
-                    .map_or_else(|| Arc::from(k.as_str()), |(k, _)| k.clone())
-            })
-            .collect();
+        let set: Set = keys.iter().map(|k| self.shared_key(k)).collect();
         let asked = Asked::AcquireSet { keys: set.clone() };
         let caller = Caller::Lease(lease_id);
         if let Some(first) = self.recall(caller, request_id, &asked)? {
@@ -80,11 +71,12 @@ impl LockTable {
         // with it; a key it holds or waits for otherwise is refused (it
         // would wait for itself).
         let held_as_set = self
+            .state
             .locks
             .get(&first)
             .and_then(|l| l.holding_of(lease_id))
             .map(|h| h.fence)
-            .filter(|fence| self.sets.get(fence) == Some(&set));
+            .filter(|fence| self.state.sets.get(fence) == Some(&set));
         if let Some(fence) = held_as_set {
             for key in set.iter() {
                 self.reattach(key, lease_id);
@@ -96,7 +88,7 @@ impl LockTable {
             }));
         }
         let waits_as_set = set.iter().all(|k| {
-            self.locks.get(k).is_some_and(|l| {
+            self.state.locks.get(k).is_some_and(|l| {
                 l.waiters()
                     .iter()
                     .any(|w| w.lease == lease_id && w.set.as_ref() == Some(&set))
@@ -108,7 +100,7 @@ impl LockTable {
             for key in set.iter() {
                 attempt = self.reattach(key, lease_id);
             }
-            let position = self.locks.get(&first).map_or(0, |l| {
+            let position = self.state.locks.get(&first).map_or(0, |l| {
                 l.waiters()
                     .iter()
                     .position(|w| w.lease == lease_id)
@@ -131,9 +123,9 @@ impl LockTable {
         }
         let mut busy = None;
         for key in set.iter() {
-            if let Some(lock) = self.locks.get(key) {
-                self.check_kind(key, lock, Mode::Exclusive)?;
-                if busy.is_none() && !Self::free(lock, Mode::Exclusive) {
+            if let Some(lock) = self.state.locks.get(key) {
+                lock.check_kind(key, Mode::Exclusive)?;
+                if busy.is_none() && !lock.free_for(Mode::Exclusive) {
                     busy = Some(self.busy_error(key, lock));
                 }
             }
@@ -145,10 +137,10 @@ impl LockTable {
         if wait_ms == 0 {
             return Err(busy);
         }
-        let deadline = self.now.saturating_add(wait_ms);
+        let deadline = self.state.now.saturating_add(wait_ms);
         let mut position = 0;
         for (i, key) in set.iter().enumerate() {
-            let lock = self.locks.entry(key.clone()).or_default();
+            let lock = self.state.locks.entry(key.clone()).or_default();
             if i == 0 {
                 position = lock.waiters().len();
             }
@@ -162,9 +154,10 @@ impl LockTable {
                 attach_by: None,
                 attempt: 1,
             });
-            self.wait_deadlines
-                .insert((deadline, key.clone(), lease_id));
-            if let Some(lease) = self.leases.get_mut(&lease_id) {
+            self.state
+                .deadlines
+                .add_wait(deadline, key.clone(), lease_id);
+            if let Some(lease) = self.state.leases.get_mut(&lease_id) {
                 lease.waiting.insert(key.clone());
             }
         }

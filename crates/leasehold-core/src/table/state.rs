@@ -1,72 +1,131 @@
-//! The snapshot form: a table is written as its fields, and read back
-//! through [`Restored`], which rebuilds the indexes and counts the snapshot
-//! leaves out.
+//! The snapshot: the part of the table that is persisted, and the indexes
+//! and counts rebuilt from it on load.
+//!
+//! A [`LockTable`] is written as its [`TableState`] and nothing else, and read
+//! back as one, from which [`LockTable::rebuilt`] derives the rest. A field
+//! added to `TableState` is therefore written, read and restored with no other
+//! change; a field that is derived belongs beside it in `LockTable` (or is
+//! `#[serde(skip)]`) and is filled in by `rebuilt`.
+//!
+//! The format is bincode 1 of `TableState`: its fields one after another, in
+//! the order they are declared, with nothing around them. Reordering fields,
+//! or changing how one is written, changes the format that snapshots already
+//! on disk were written in; `tests/snapshot_format.rs` pins it.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::auth::AuthState;
 use crate::{Fence, LeaseId, RequestId, Time};
 
-use super::answers::{deserialize_answers, Answers, Caller};
+use super::answers::{deserialize_answers, serialize_sorted, Answers, Caller};
+use super::deadlines::Deadlines;
 use super::lock::{Lease, Lock, Set};
 use super::LockTable;
 
-/// A table as read from a snapshot, before its indexes are rebuilt.
-#[derive(Deserialize)]
-pub(super) struct Restored {
-    now: Time,
-    epoch: u64,
-    next_lease: LeaseId,
-    next_fence: Fence,
-    leases: BTreeMap<LeaseId, Lease>,
-    locks: BTreeMap<Arc<str>, Lock>,
-    lease_deadlines: BTreeSet<(Time, LeaseId)>,
-    wait_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
-    delay_deadlines: BTreeSet<(Time, Arc<str>)>,
-    attach_deadlines: BTreeSet<(Time, Arc<str>, LeaseId)>,
-    #[serde(deserialize_with = "deserialize_answers")]
-    answered: Answers,
-    answered_order: VecDeque<(Time, Caller, RequestId)>,
-    auth: AuthState,
-    sets: BTreeMap<Fence, Set>,
+/// What of the table is persisted: everything the rules decide on, apart from
+/// the indexes and counts derived from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct TableState {
+    /// Table time: the highest stamp applied. Never goes back.
+    pub(super) now: Time,
+    /// The highest leader term seen; a higher one restamps every lease.
+    pub(super) epoch: u64,
+    /// The next lease id. Ids are never reused.
+    pub(super) next_lease: LeaseId,
+    /// The next fencing token. One sequence for all keys, for the life of the
+    /// deployment: it is in the snapshot and moves only forward.
+    pub(super) next_fence: Fence,
+    /// Live leases. Each one's `held` and `waiting` keys are an index, not
+    /// persisted: rebuilt from `locks` on load.
+    pub(super) leases: BTreeMap<LeaseId, Lease>,
+    /// Ordered so that listing by prefix is a range scan.
+    pub(super) locks: BTreeMap<Arc<str>, Lock>,
+    /// When lease expiries, wait timeouts, lock-delays and re-attach windows
+    /// fall due.
+    pub(super) deadlines: Deadlines,
+    /// Answers to recent requests by caller and id, so a retried request
+    /// never acts twice. Written sorted by key, so equal tables give equal
+    /// snapshots.
+    #[serde(
+        serialize_with = "serialize_sorted",
+        deserialize_with = "deserialize_answers"
+    )]
+    pub(super) answered: Answers,
+    /// The same answers in the order they were given, to forget the oldest first.
+    pub(super) answered_order: VecDeque<(Time, Caller, RequestId)>,
+    /// Roles, tokens and the audit trail.
+    pub(super) auth: AuthState,
+    /// Held lock sets, by their one token: the keys held with it.
+    pub(super) sets: BTreeMap<Fence, Set>,
 }
 
-impl From<Restored> for LockTable {
-    fn from(r: Restored) -> Self {
-        let mut leases = r.leases;
+impl TableState {
+    /// The state of a table nothing has happened to. Lease ids and fencing
+    /// tokens start at 1.
+    pub(super) fn empty() -> Self {
+        TableState {
+            now: 0,
+            epoch: 0,
+            next_lease: 1,
+            next_fence: 1,
+            leases: BTreeMap::new(),
+            locks: BTreeMap::new(),
+            deadlines: Deadlines::default(),
+            answered: Answers::default(),
+            answered_order: VecDeque::new(),
+            auth: AuthState::default(),
+            sets: BTreeMap::new(),
+        }
+    }
+
+    /// Takes the next fencing token, higher than every one handed out before.
+    pub(super) fn new_fence(&mut self) -> Fence {
+        let fence = self.next_fence;
+        self.next_fence += 1;
+        fence
+    }
+}
+
+impl LockTable {
+    /// The table that stands on `state`, with the indexes and counts derived
+    /// from it: the keys each lease holds and waits for, and how many keys
+    /// are held. Whatever those indexes held in `state` is replaced.
+    pub(super) fn rebuilt(mut state: TableState) -> Self {
         let mut held_keys = 0;
-        for (key, lock) in &r.locks {
+        for lease in state.leases.values_mut() {
+            lease.held.clear();
+            lease.waiting.clear();
+        }
+        for (key, lock) in &state.locks {
             held_keys += usize::from(lock.holder.is_some());
             for h in lock.holders() {
-                if let Some(lease) = leases.get_mut(&h.lease) {
+                if let Some(lease) = state.leases.get_mut(&h.lease) {
                     lease.held.insert(key.clone());
                 }
             }
             for w in lock.waiters() {
-                if let Some(lease) = leases.get_mut(&w.lease) {
+                if let Some(lease) = state.leases.get_mut(&w.lease) {
                     lease.waiting.insert(key.clone());
                 }
             }
         }
-        LockTable {
-            now: r.now,
-            epoch: r.epoch,
-            next_lease: r.next_lease,
-            next_fence: r.next_fence,
-            leases,
-            locks: r.locks,
-            lease_deadlines: r.lease_deadlines,
-            wait_deadlines: r.wait_deadlines,
-            delay_deadlines: r.delay_deadlines,
-            attach_deadlines: r.attach_deadlines,
-            answered: r.answered,
-            answered_order: r.answered_order,
-            auth: r.auth,
-            sets: r.sets,
-            held_keys,
-        }
+        LockTable { state, held_keys }
+    }
+}
+
+/// A table is written as its persisted state alone.
+impl Serialize for LockTable {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.state.serialize(serializer)
+    }
+}
+
+/// A table is read as its persisted state, then its indexes are rebuilt.
+impl<'de> Deserialize<'de> for LockTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        TableState::deserialize(deserializer).map(LockTable::rebuilt)
     }
 }

@@ -90,22 +90,22 @@ pub struct LeaseView {
 impl LockTable {
     /// Table time: the highest stamp applied so far.
     pub fn now(&self) -> Time {
-        self.now
+        self.state.now
     }
 
     /// The highest leader term applied so far.
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.state.epoch
     }
 
     /// The token the next grant will get. Every token handed out so far is lower.
     pub fn next_fence(&self) -> Fence {
-        self.next_fence
+        self.state.next_fence
     }
 
     /// Number of live leases.
     pub fn lease_count(&self) -> usize {
-        self.leases.len()
+        self.state.leases.len()
     }
 
     /// Number of held locks (keys with at least one holder). Kept as the
@@ -117,21 +117,14 @@ impl LockTable {
     /// Number of acquires waiting in a key's queue: one wait deadline each.
     /// Constant time.
     pub fn waiter_count(&self) -> usize {
-        self.wait_deadlines.len()
+        self.state.deadlines.wait_count()
     }
 
     /// The earliest time at which something is due (a lease expiry, a wait
-    /// timeout, the end of a lock-delay), so the leader knows when to tick.
+    /// timeout, the end of a lock-delay or of a re-attach window), so the
+    /// leader knows when to tick.
     pub fn next_deadline(&self) -> Option<Time> {
-        [
-            self.lease_deadlines.first().map(|d| d.0),
-            self.wait_deadlines.first().map(|d| d.0),
-            self.delay_deadlines.first().map(|d| d.0),
-            self.attach_deadlines.first().map(|d| d.0),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.state.deadlines.next()
     }
 
     /// About how many keys applying `commands` at `stamp` would touch: one
@@ -142,36 +135,24 @@ impl LockTable {
     /// single command; a server uses this to run such a command where it
     /// holds up nothing else. Costs about one step per lease or wait due.
     pub fn work<'a>(&self, stamp: Stamp, commands: impl IntoIterator<Item = &'a Command>) -> usize {
-        let lease_keys = |id: &LeaseId| {
-            self.leases
-                .get(id)
+        let lease_keys = |id: LeaseId| {
+            self.state
+                .leases
+                .get(&id)
                 .map_or(0, |l| l.held.len() + l.waiting.len())
         };
         let mut keys = 0;
-        if stamp.epoch > self.epoch {
-            keys += self.leases.len() + self.locks.len();
+        if stamp.epoch > self.state.epoch {
+            keys += self.state.leases.len() + self.state.locks.len();
         }
-        keys += self
-            .lease_deadlines
-            .iter()
-            .take_while(|(deadline, _)| *deadline <= stamp.now)
-            .map(|(_, id)| lease_keys(id))
-            .sum::<usize>();
-        let due = |deadline: Time| deadline <= stamp.now;
-        keys += self.wait_deadlines.iter().take_while(|d| due(d.0)).count();
-        keys += self.delay_deadlines.iter().take_while(|d| due(d.0)).count();
-        keys += self
-            .attach_deadlines
-            .iter()
-            .take_while(|d| due(d.0))
-            .count();
+        keys += self.state.deadlines.work_due(stamp.now, lease_keys);
         for mut command in commands {
             while let Command::As { command: inner, .. } = command {
                 command = inner;
             }
             keys += 1;
             if let Command::Revoke { lease } = command {
-                keys += lease_keys(lease);
+                keys += lease_keys(*lease);
             }
         }
         keys
@@ -181,7 +162,8 @@ impl LockTable {
 
     /// One lock, as seen at time `now`.
     pub fn lock(&self, key: &str, now: Time) -> Option<LockView> {
-        self.locks
+        self.state
+            .locks
             .get_key_value(key)
             .map(|(k, l)| self.view_lock(k, l, now))
     }
@@ -216,7 +198,8 @@ impl LockTable {
             Some(after) if after >= prefix => Bound::Excluded(after),
             _ => Bound::Included(prefix),
         };
-        self.locks
+        self.state
+            .locks
             .range::<str, _>((from, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .filter(|(_, l)| !held_only || l.holder.is_some() || !l.waiters().is_empty())
@@ -228,7 +211,8 @@ impl LockTable {
 
     /// One lease, as seen at time `now`.
     pub fn lease(&self, id: LeaseId, now: Time) -> Option<LeaseView> {
-        self.leases
+        self.state
+            .leases
             .get(&id)
             .map(|l| view_lease(id, l, now, usize::MAX))
     }
@@ -258,7 +242,8 @@ impl LockTable {
         visible: impl Fn(Option<TokenId>) -> bool,
     ) -> Vec<LeaseView> {
         use std::ops::Bound;
-        self.leases
+        self.state
+            .leases
             .range((Bound::Excluded(start_after), Bound::Unbounded))
             .filter(|(_, l)| visible(l.owner))
             .take(limit)
@@ -267,16 +252,13 @@ impl LockTable {
     }
 
     fn view_lock(&self, key: &str, lock: &Lock, now: Time) -> LockView {
-        let name = |lease: LeaseId| {
-            self.leases
-                .get(&lease)
-                .map_or_else(String::new, |l| l.holder.to_string())
-        };
+        let name = |lease: LeaseId| self.holder_name(lease).to_string();
         let view = |h: &Holding| HolderView {
             lease: h.lease,
             holder: name(h.lease),
             fence: h.fence,
             ttl_left_ms: self
+                .state
                 .leases
                 .get(&h.lease)
                 .map_or(0, |l| l.deadline.saturating_sub(now)),
