@@ -14,11 +14,12 @@ import base64
 import os
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import httpx
 
 from . import errors
+from .election import AsyncElection
 from ._core import (
     DEFAULT_ENDPOINT,
     MAYBE_DONE,
@@ -34,9 +35,6 @@ from ._core import (
     request_id,
     retryable,
 )
-
-if TYPE_CHECKING:
-    from .election import AsyncElection
 
 
 class AsyncLease(LeaseState):
@@ -192,8 +190,6 @@ class AsyncClient:
 
     def election(self, name: str) -> "AsyncElection":
         """The election ``name``: campaign, observe, proclaim, resign."""
-        from .election import AsyncElection
-
         return AsyncElection(self, name)
 
     async def describe(self, key: str) -> Dict[str, Any]:

@@ -6,11 +6,12 @@ import base64
 import threading
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import httpx
 
 from . import errors
+from .election import Election
 from ._core import (
     DEFAULT_ENDPOINT,
     MAYBE_DONE,
@@ -26,9 +27,6 @@ from ._core import (
     request_id,
     retryable,
 )
-
-if TYPE_CHECKING:
-    from .election import Election
 
 
 class Lease(LeaseState):
@@ -236,8 +234,6 @@ class Client:
 
     def election(self, name: str) -> "Election":
         """The election ``name``: campaign, observe, proclaim, resign."""
-        from .election import Election
-
         return Election(self, name)
 
     def describe(self, key: str) -> Dict[str, Any]:

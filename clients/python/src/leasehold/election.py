@@ -19,15 +19,57 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Iterator, List, Optional, Union
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Protocol, Union
 
 import httpx
 
 from . import errors
 
-if TYPE_CHECKING:
-    from .aio import AsyncClient, AsyncLease
-    from .client import Client, Lease
+
+# What an election needs of a client and its leases. The clients import this
+# module (``Client.election``), so it names them only by what they do.
+
+
+class Lease(Protocol):
+    lost: Any
+
+    def token(self) -> int: ...
+
+    def save_checkpoint(self, data: Union[str, bytes]) -> None: ...
+
+    def release(self) -> None: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+
+class Client(Protocol):
+    endpoints: Any
+    _http: httpx.Client
+
+    def lock(self, key: str, ttl: float, wait: Optional[float] = None) -> Any: ...
+
+    def describe(self, key: str) -> Dict[str, Any]: ...
+
+
+class AsyncLease(Protocol):
+    lost: Any
+
+    def token(self) -> int: ...
+
+    async def save_checkpoint(self, data: Union[str, bytes]) -> None: ...
+
+    async def release(self) -> None: ...
+
+    async def __aexit__(self, *exc: Any) -> Any: ...
+
+
+class AsyncClient(Protocol):
+    endpoints: Any
+    _http: httpx.AsyncClient
+
+    async def lock(self, key: str, ttl: float, wait: Optional[float] = None) -> Any: ...
+
+    async def describe(self, key: str) -> Dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
