@@ -28,7 +28,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::{InterceptedService, Interceptor};
 use tonic::transport::Channel;
 
-use super::frames::{CallError, Frames};
+use super::frames::{CallError, Frames, RouteError};
 use crate::tls::{ClientTls, TlsOptions};
 use crate::{Error, Result};
 
@@ -142,14 +142,6 @@ fn bearer_value(token: &str) -> std::result::Result<MetadataValue<Ascii>, String
     format!("Bearer {token}")
         .parse()
         .map_err(|_| "the token has characters a header cannot carry".to_string())
-}
-
-/// Why an endpoint could not be used.
-pub(super) enum RouteError {
-    /// It could not be reached: try the next.
-    Unreachable(String),
-    /// It refused the token: every node would.
-    Refused(String),
 }
 
 /// The host of `host:port` (an IPv6 address without its brackets).

@@ -26,10 +26,17 @@ use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 use tokio_util::codec::{Encoder, FramedRead};
 
-use super::endpoints::RouteError;
 use crate::tls::ClientTls;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why an endpoint could not be used.
+pub(super) enum RouteError {
+    /// It could not be reached: try the next.
+    Unreachable(String),
+    /// It refused the token: every node would.
+    Refused(String),
+}
 
 /// A failed call.
 #[derive(Debug)]
