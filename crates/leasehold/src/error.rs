@@ -58,8 +58,9 @@ pub enum Error {
     /// The token may not do this (on this key, or on another token's lease).
     #[error("{0}")]
     PermissionDenied(String),
-    /// The lock store cannot be reached or is not serving; nothing was done.
-    /// Retrying may help.
+    /// The lock store cannot be reached or is not serving now (no leader, a
+    /// replica after a failover, a transaction it rolled back); nothing was
+    /// done. Retrying may help.
     #[error("unavailable: {0}")]
     Unavailable(String),
     /// The request reached the store but no answer came back (the connection
@@ -76,6 +77,39 @@ pub enum Error {
         /// What was asked.
         what: &'static str,
     },
+    /// The store is out of a resource (memory, disk, connections), or a
+    /// request or its answer is over a size limit: nothing was done, and
+    /// sending it again at once will not help. Free some, raise the limit,
+    /// or ask for less (a narrower prefix).
+    #[error("the {backend} store is out of resources: {reason}; free some, raise the limit or ask for less before trying again")]
+    ResourceExhausted {
+        /// The backend.
+        backend: &'static str,
+        /// What ran out, as the store said it.
+        reason: String,
+    },
+    /// A watch fell so far behind that events it had not read were dropped.
+    /// Read the state again ([`Client::status`](crate::Client::status)),
+    /// then watch again.
+    #[error("the watch on {prefix:?} fell behind and missed events: list the locks again, then watch again")]
+    WatchBehind {
+        /// The prefix watched.
+        prefix: String,
+    },
+    /// The endpoint speaks TLS only and this client connected in plaintext;
+    /// nothing was done, and trying again the same way cannot help. The
+    /// message is the server's, which says how to connect.
+    #[error("{0}")]
+    TlsRequired(String),
+    /// The URL names a backend this build of the crate leaves out: enable
+    /// the crate feature named here.
+    #[error("the {backend} backend is not in this build: enable the `{feature}` feature of the leasehold crate")]
+    BackendNotBuilt {
+        /// The backend the URL names.
+        backend: &'static str,
+        /// The cargo feature that builds it.
+        feature: &'static str,
+    },
     /// A correctness lock was asked of a backend that only promises efficiency.
     #[error("the {backend} backend only guarantees efficiency ({why}); a correctness lock needs leaseholdd, PostgreSQL or etcd")]
     InsufficientGuarantee {
@@ -84,7 +118,9 @@ pub enum Error {
         /// Why it cannot promise correctness.
         why: &'static str,
     },
-    /// Anything else the store reported.
+    /// Anything else: what the store reported that none of the cases above
+    /// covers (an internal error of the store, a reply this client cannot
+    /// read). Not something a caller can act on but by reporting it.
     #[error("{0}")]
     Other(String),
 }

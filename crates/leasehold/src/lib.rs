@@ -44,6 +44,26 @@
 //! | `redis://host:6379` | one Redis | Efficiency |
 //! | `redlock://h1:p,h2:p,h3:p` | Redlock | Efficiency, no fencing tokens |
 //! | `memory://` | this process only | Correctness (in-process) |
+//!
+//! The in-memory store is leaseholdd's own lock table inside the process,
+//! with the server's semantics: a FIFO queue of waiters, lock-delay,
+//! checkpoints and one sequence of fencing tokens.
+//!
+//! # Features
+//! Each store but the in-memory one is a cargo feature, and all are on by
+//! default:
+//!
+//! | feature | stores | brings in |
+//! |---|---|---|
+//! | `leaseholdd` | `http://`, `https://` | tonic, prost, rustls |
+//! | `redis` | `redis://`, `redlock://` | redis |
+//! | `postgres` | `postgres://` | tokio-postgres |
+//! | `etcd` | `etcd://` | etcd-client |
+//!
+//! A URL whose store is not built is refused with
+//! [`Error::BackendNotBuilt`], which names the feature to enable.
+//! [`TlsOptions`] is always there; loading it (and
+//! `TlsOptions::grpc`) needs `leaseholdd`.
 #![deny(missing_docs)]
 
 pub mod backend;

@@ -18,14 +18,23 @@
 //! certificate must name the host of the endpoint (a DNS name or an IP
 //! address). Every protocol the client speaks (framed calls and gRPC) goes
 //! over TLS when the endpoint says `https://`.
+//!
+//! The options are plain paths and always there; loading them (rustls,
+//! tonic) comes with the `leaseholdd` feature, the only backend that
+//! speaks TLS.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
+#[cfg(feature = "leaseholdd")]
+use std::{path::Path, sync::Arc};
 
+#[cfg(feature = "leaseholdd")]
 use tokio_rustls::rustls::crypto::ring;
+#[cfg(feature = "leaseholdd")]
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+#[cfg(feature = "leaseholdd")]
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 
+#[cfg(feature = "leaseholdd")]
 use crate::{Error, Result};
 
 /// Where the CA and the client certificate are.
@@ -50,6 +59,7 @@ impl TlsOptions {
         self
     }
 
+    #[cfg(feature = "leaseholdd")]
     /// tonic's TLS settings for a gRPC channel of your own to leaseholdd at
     /// `host` (a DNS name or an IP address).
     pub fn grpc(&self, host: &str) -> Result<tonic::transport::ClientTlsConfig> {
@@ -68,6 +78,7 @@ impl TlsOptions {
     }
 }
 
+#[cfg(feature = "leaseholdd")]
 /// What to do about a TLS failure, from its text (rustls names the cause:
 /// the alert a server sent, or why this client refused the server's
 /// certificate); `None` if it is not one.
@@ -92,6 +103,7 @@ pub(crate) fn advice(error: &str) -> Option<&'static str> {
     })
 }
 
+#[cfg(feature = "leaseholdd")]
 /// The options, loaded: what both protocols need.
 #[derive(Clone)]
 pub(crate) struct ClientTls {
@@ -102,11 +114,13 @@ pub(crate) struct ClientTls {
     pub identity_pem: Option<(Vec<u8>, Vec<u8>)>,
 }
 
+#[cfg(feature = "leaseholdd")]
 fn read(path: &Path, what: &str) -> Result<Vec<u8>> {
     std::fs::read(path)
         .map_err(|e| Error::InvalidArgument(format!("read {what} {}: {e}", path.display())))
 }
 
+#[cfg(feature = "leaseholdd")]
 fn certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let certs = rustls_pemfile::certs(&mut &pem[..])
         .collect::<std::result::Result<Vec<_>, _>>()
@@ -120,6 +134,7 @@ fn certs(pem: &[u8], path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
+#[cfg(feature = "leaseholdd")]
 impl ClientTls {
     pub(crate) fn load(options: &TlsOptions) -> Result<ClientTls> {
         let invalid = |e: String| Error::InvalidArgument(e);

@@ -4,7 +4,8 @@
 //! Everything runs locally: an embedded leaseholdd, an embedded HTTP account
 //! service, and worker A as a real child process that is frozen with SIGSTOP.
 //! Nothing is scripted to an outcome; what is printed is what the gate and the
-//! timing did.
+//! timing did. The embedded leaseholdd comes with the `embedded-server`
+//! feature (on by default); a build without it says how to get it.
 
 use parking_lot::Mutex;
 use std::process::Stdio;
@@ -67,28 +68,8 @@ struct Outcome {
 }
 
 pub async fn fencing() -> anyhow::Result<i32> {
-    // leaseholdd, embedded, on a free port with a throwaway data dir.
-    let data = tempfile::tempdir().context("make a temporary data dir")?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .context("bind leaseholdd")?;
-    let endpoint = format!("http://{}", listener.local_addr()?);
-    let config = leasehold_server::server::Config {
-        data_dir: data.path().to_path_buf(),
-        raft: Default::default(),
-        limits: Default::default(),
-        cluster: None,
-        tls: None,
-        require_auth: false,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(leasehold_server::server::run(
-        config,
-        listener,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let server = embedded::Leaseholdd::start().await?;
+    let endpoint = server.endpoint().to_string();
 
     let (plain, fenced) = (Balance::default(), Balance::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -154,9 +135,93 @@ pub async fn fencing() -> anyhow::Result<i32> {
     };
     row("", verdict(&without), verdict(&with));
 
-    let _ = stop.send(());
-    let _ = server.await;
+    server.stop().await;
     Ok(0)
+}
+
+/// leaseholdd inside this process, on a free port with a throwaway data dir.
+#[cfg(feature = "embedded-server")]
+mod embedded {
+    use anyhow::Context;
+
+    /// A running leaseholdd; stopped by [`Leaseholdd::stop`], or with the process.
+    pub struct Leaseholdd {
+        endpoint: String,
+        stop: tokio::sync::oneshot::Sender<()>,
+        server: tokio::task::JoinHandle<anyhow::Result<()>>,
+        /// Removed when dropped, after the server stopped.
+        _data: tempfile::TempDir,
+    }
+
+    impl Leaseholdd {
+        /// Starts one: a single node, without auth or TLS, that answers
+        /// once it has elected itself (`wait_for_client` waits for that).
+        pub async fn start() -> anyhow::Result<Leaseholdd> {
+            let data = tempfile::tempdir().context("make a temporary data dir")?;
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("bind leaseholdd")?;
+            let endpoint = format!("http://{}", listener.local_addr()?);
+            let config = leasehold_server::server::Config {
+                data_dir: data.path().to_path_buf(),
+                raft: Default::default(),
+                limits: Default::default(),
+                cluster: None,
+                tls: None,
+                require_auth: false,
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let server = tokio::spawn(leasehold_server::server::run(
+                config,
+                listener,
+                async move {
+                    let _ = stopped.await;
+                },
+            ));
+            Ok(Leaseholdd {
+                endpoint,
+                stop,
+                server,
+                _data: data,
+            })
+        }
+
+        /// `http://127.0.0.1:PORT`.
+        pub fn endpoint(&self) -> &str {
+            &self.endpoint
+        }
+
+        /// Stops it, waits until it has, and removes its data dir.
+        pub async fn stop(self) {
+            let _ = self.stop.send(());
+            let _ = self.server.await;
+        }
+    }
+}
+
+/// A build without the `embedded-server` feature has no leaseholdd to
+/// embed: starting one fails with how to get it, so none is ever made.
+#[cfg(not(feature = "embedded-server"))]
+mod embedded {
+    /// Never made: there is no embedded leaseholdd in this build.
+    pub enum Leaseholdd {}
+
+    impl Leaseholdd {
+        /// Fails, saying how to build a leasehold that has one.
+        pub async fn start() -> anyhow::Result<Leaseholdd> {
+            anyhow::bail!(
+                "this leasehold was built without the embedded leaseholdd the demo runs: build it with `cargo build -p leasehold-cli --features embedded-server`"
+            )
+        }
+
+        pub fn endpoint(&self) -> &str {
+            match *self {}
+        }
+
+        pub async fn stop(self) {
+            match self {}
+        }
+    }
 }
 
 async fn wait_for_client(endpoint: &str) -> anyhow::Result<Client> {

@@ -31,8 +31,36 @@ pub struct Etcd {
     client: EtcdClient,
 }
 
-fn unavailable(e: etcd_client::Error) -> Error {
-    Error::Unavailable(format!("etcd: {e}"))
+/// An etcd error by what it asks of the caller: a refusal for want of
+/// credentials, rights or room, or bad input, is typed; anything else (a
+/// connection that failed, no leader, a stream that broke) is
+/// [`Error::Unavailable`].
+fn etcd_error(e: etcd_client::Error) -> Error {
+    use tonic::Code;
+    match &e {
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            Code::Unauthenticated => Error::Unauthenticated(format!(
+                "etcd: {}: give etcd's user and password",
+                status.message()
+            )),
+            Code::PermissionDenied => Error::PermissionDenied(format!(
+                "etcd: {}: the user's role must allow the leasehold/ keys",
+                status.message()
+            )),
+            // E.g. `mvcc: database space exceeded`: an operator must compact,
+            // defragment and disarm the alarm before etcd takes writes again.
+            Code::ResourceExhausted => Error::ResourceExhausted {
+                backend: "etcd",
+                reason: status.message().to_string(),
+            },
+            Code::InvalidArgument => Error::InvalidArgument(format!("etcd: {}", status.message())),
+            _ => Error::Unavailable(format!("etcd: {e}")),
+        },
+        etcd_client::Error::InvalidArgs(_)
+        | etcd_client::Error::InvalidUri(_)
+        | etcd_client::Error::InvalidHeaderValue(_) => Error::InvalidArgument(format!("etcd: {e}")),
+        _ => Error::Unavailable(format!("etcd: {e}")),
+    }
 }
 
 fn lock_prefix(key: &str) -> String {
@@ -59,7 +87,7 @@ impl Etcd {
             .with_timeout(Duration::from_secs(5));
         let client = EtcdClient::connect(endpoints, Some(options))
             .await
-            .map_err(unavailable)?;
+            .map_err(etcd_error)?;
         Ok(Etcd { client })
     }
 
@@ -74,7 +102,7 @@ impl Etcd {
             .clone()
             .get(prefix, Some(options))
             .await
-            .map_err(unavailable)?;
+            .map_err(etcd_error)?;
         Ok(r.kvs().first().map(|kv| {
             (
                 kv.create_revision(),
@@ -100,7 +128,7 @@ impl Etcd {
             .clone()
             .get(prefix, Some(options))
             .await
-            .map_err(unavailable)?;
+            .map_err(etcd_error)?;
         let Some(before) = r.kvs().first() else {
             return Ok(true);
         };
@@ -113,12 +141,12 @@ impl Etcd {
                 Some(WatchOptions::new().with_start_revision(since)),
             )
             .await
-            .map_err(unavailable)?;
+            .map_err(etcd_error)?;
         loop {
             let message = tokio::time::timeout_at(give_up, stream.message()).await;
             match message {
                 Err(_) => return Ok(false),
-                Ok(Err(e)) => return Err(unavailable(e)),
+                Ok(Err(e)) => return Err(etcd_error(e)),
                 Ok(Ok(None)) => return Ok(true),
                 Ok(Ok(Some(r))) => {
                     if r.events()
@@ -164,7 +192,7 @@ impl Backend for Etcd {
         let grant = c
             .lease_grant(ttl_secs.max(1), None)
             .await
-            .map_err(unavailable)?;
+            .map_err(etcd_error)?;
         let (lease, ttl) = (grant.id(), Duration::from_secs(grant.ttl().max(1) as u64));
         // Keep the lease alive from now on: a waiter that lost its lease would
         // lose its place in line.
@@ -212,7 +240,7 @@ impl Backend for Etcd {
                 holder,
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let r = c.txn(txn).await.map_err(unavailable)?;
+        let r = c.txn(txn).await.map_err(etcd_error)?;
         let my_rev = r.header().map_or(0, |h| h.revision());
 
         loop {
@@ -260,7 +288,7 @@ impl Backend for Etcd {
         let checkpoint = c
             .get(checkpoint_key(key), None)
             .await
-            .map_err(unavailable)?
+            .map_err(etcd_error)?
             .kvs()
             .first()
             .map(|kv| kv.value().to_vec());
@@ -291,7 +319,7 @@ impl Backend for Etcd {
             .clone()
             .get(prefix.clone(), Some(options))
             .await
-            .map_err(unavailable)?;
+            .map_err(etcd_error)?;
         let owner = self.owner(&prefix).await?;
         match r.kvs().first() {
             Some(kv) if owner.as_ref().is_some_and(|o| o.0 == rev) => {
@@ -315,7 +343,7 @@ async fn delete_if_created_at(client: &EtcdClient, key: Vec<u8>, rev: i64) -> Re
         .clone()
         .txn(txn)
         .await
-        .map_err(unavailable)?
+        .map_err(etcd_error)?
         .succeeded())
 }
 
@@ -352,7 +380,7 @@ impl Hold for EtcdHold {
                 self.fence,
             )])
             .and_then([TxnOp::put(checkpoint_key(&self.key), data, None)]);
-        let r = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        let r = self.client.clone().txn(txn).await.map_err(etcd_error)?;
         if r.succeeded() {
             Ok(())
         } else {
@@ -361,5 +389,49 @@ impl Hold for EtcdHold {
                 current: None,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    #[test]
+    fn refusals_a_caller_acts_on_are_typed() {
+        let status =
+            |code, message: &str| etcd_client::Error::GRpcStatus(Status::new(code, message));
+        assert!(matches!(
+            etcd_error(status(
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded"
+            )),
+            Error::ResourceExhausted {
+                backend: "etcd",
+                ..
+            }
+        ));
+        assert!(matches!(
+            etcd_error(status(
+                Code::PermissionDenied,
+                "etcdserver: permission denied"
+            )),
+            Error::PermissionDenied(_)
+        ));
+        assert!(matches!(
+            etcd_error(status(
+                Code::Unauthenticated,
+                "etcdserver: invalid auth token"
+            )),
+            Error::Unauthenticated(_)
+        ));
+        assert!(matches!(
+            etcd_error(status(Code::Unavailable, "etcdserver: no leader")),
+            Error::Unavailable(_)
+        ));
+        assert!(matches!(
+            etcd_error(etcd_client::Error::InvalidArgs("no endpoint".into())),
+            Error::InvalidArgument(_)
+        ));
     }
 }

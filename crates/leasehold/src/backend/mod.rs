@@ -1,13 +1,25 @@
 //! The lock stores, one file each, behind [`Backend`]: what every store
 //! implements, and [`connect`], which picks one by URL.
+//!
+//! Each store but the in-memory one is behind a cargo feature of its own
+//! (all on by default): `leaseholdd`, `redis` (Redis and Redlock),
+//! `postgres`, `etcd`. A URL whose store is left out of the build is
+//! refused with [`Error::BackendNotBuilt`], which names the feature.
 
+#[cfg(feature = "leaseholdd")]
 mod endpoints;
+#[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "leaseholdd")]
 mod frames;
+#[cfg(feature = "leaseholdd")]
 pub mod leaseholdd;
 pub mod memory;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
 pub mod redlock;
 
 use std::sync::Arc;
@@ -37,15 +49,48 @@ pub async fn connect_with(
     token: Option<&str>,
 ) -> Result<Arc<dyn Backend>> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    // Only leaseholdd takes TLS options and a token.
+    #[cfg(not(feature = "leaseholdd"))]
+    let _ = (tls, token);
     match scheme {
+        #[cfg(feature = "leaseholdd")]
         "http" | "https" | "leasehold" => Ok(Arc::new(
             leaseholdd::Leaseholdd::connect_with(url, tls, token).await?,
         )),
-        "memory" => Ok(Arc::new(memory::Memory::default())),
+        #[cfg(not(feature = "leaseholdd"))]
+        "http" | "https" | "leasehold" => Err(Error::BackendNotBuilt {
+            backend: "leaseholdd",
+            feature: "leaseholdd",
+        }),
+        "memory" => Ok(Arc::new(memory::Memory::new())),
+        #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Arc::new(redis::Redis::connect(url).await?)),
+        #[cfg(feature = "redis")]
         "redlock" => Ok(Arc::new(redlock::Redlock::connect(url).await?)),
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" => Err(Error::BackendNotBuilt {
+            backend: "redis",
+            feature: "redis",
+        }),
+        #[cfg(not(feature = "redis"))]
+        "redlock" => Err(Error::BackendNotBuilt {
+            backend: "redlock",
+            feature: "redis",
+        }),
+        #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(postgres::Postgres::connect(url).await?)),
+        #[cfg(not(feature = "postgres"))]
+        "postgres" | "postgresql" => Err(Error::BackendNotBuilt {
+            backend: "postgres",
+            feature: "postgres",
+        }),
+        #[cfg(feature = "etcd")]
         "etcd" => Ok(Arc::new(etcd::Etcd::connect(url).await?)),
+        #[cfg(not(feature = "etcd"))]
+        "etcd" => Err(Error::BackendNotBuilt {
+            backend: "etcd",
+            feature: "etcd",
+        }),
         _ => Err(Error::InvalidArgument(format!(
             "unknown backend URL {url:?}: use http://HOST:PORT (leaseholdd), redis://, redlock://, postgres://, etcd:// or memory://"
         ))),
@@ -126,6 +171,7 @@ impl LockOptions {
 }
 
 /// The wire form of a mode: (`mode`, `permits`) of an acquire request.
+#[cfg(feature = "leaseholdd")]
 pub(crate) fn wire_mode(mode: Mode) -> (leasehold_proto::v1::Mode, u32) {
     use leasehold_proto::v1::Mode as Wire;
     match mode {
@@ -290,6 +336,7 @@ pub trait Backend: Send + Sync + 'static {
 
 /// The next pause of a jittered, bounded backoff: 5-15 ms, doubling per
 /// attempt up to 80-240 ms.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) fn backoff_delay(attempt: &mut u32) -> Duration {
     let base = Duration::from_millis(10u64 << (*attempt).min(4)); // 10 ms .. 160 ms
     *attempt += 1;
@@ -298,6 +345,7 @@ pub(crate) fn backoff_delay(attempt: &mut u32) -> Duration {
 }
 
 /// Waits with jittered, bounded backoff until `give_up`; `false` past it.
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) async fn backoff(attempt: &mut u32, give_up: tokio::time::Instant) -> bool {
     let at = tokio::time::Instant::now() + backoff_delay(attempt);
     if at >= give_up {

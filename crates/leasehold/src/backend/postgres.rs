@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client as PgClient, NoTls};
 
 use super::backoff;
@@ -73,10 +74,44 @@ pub struct Postgres {
     next: AtomicUsize,
 }
 
+/// An error of a statement: the database's refusal by its SQLSTATE, or a
+/// connection that failed or closed (nothing to say it acted).
 fn db_error(e: tokio_postgres::Error) -> Error {
     match e.as_db_error() {
-        Some(db) => Error::Other(format!("postgres: {}", db.message())),
+        Some(db) => refusal(db.code(), db.message()),
         None => Error::Unavailable(format!("postgres: {e}")),
+    }
+}
+
+/// What the database's refusal with `code` asks of the caller.
+fn refusal(code: &SqlState, message: &str) -> Error {
+    match code.code().get(..2).unwrap_or_default() {
+        // A connection exception, a server shutting down or starting up, a
+        // statement cancelled, or a transaction rolled back (serialization
+        // failure, deadlock): nothing was done, and trying again may work.
+        "40" if *code == SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN => {
+            Error::OutcomeUnknown(format!("postgres: {message}"))
+        }
+        "08" | "57" | "40" => Error::Unavailable(format!("postgres: {message}")),
+        // A standby after a failover, say: no writes here.
+        "25" if *code == SqlState::READ_ONLY_SQL_TRANSACTION => Error::Unavailable(format!(
+            "postgres: {message}: this server takes no writes (a standby?): point the URL at the primary"
+        )),
+        // Out of disk, memory or connections.
+        "53" => Error::ResourceExhausted {
+            backend: "postgres",
+            reason: message.to_string(),
+        },
+        "28" => Error::Unauthenticated(format!(
+            "postgres: {message}: check the user and password in the URL"
+        )),
+        "42" if *code == SqlState::INSUFFICIENT_PRIVILEGE => Error::PermissionDenied(format!(
+            "postgres: {message}: the user needs to create and write the leasehold_* tables and sequence"
+        )),
+        "3D" => Error::InvalidArgument(format!(
+            "postgres: {message}: create the database or name another in the URL"
+        )),
+        _ => Error::Other(format!("postgres: {message}")),
     }
 }
 
@@ -104,7 +139,10 @@ impl Postgres {
                 tokio::time::timeout(Duration::from_secs(5), tokio_postgres::connect(&url, NoTls))
                     .await
                     .map_err(|_| Error::Unavailable("postgres: connect timed out".into()))?
-                    .map_err(|e| Error::Unavailable(format!("postgres at {url}: {e}")))?;
+                    .map_err(|e| match e.as_db_error() {
+                        Some(db) => refusal(db.code(), db.message()),
+                        None => Error::Unavailable(format!("postgres at {url}: {e}")),
+                    })?;
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
                     tracing::debug!(error = %e, "postgres connection ended");
@@ -320,6 +358,51 @@ impl Hold for PostgresHold {
                 presented: self.fence,
                 current: None,
             })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The variant, by name.
+    fn kind(e: &Error) -> &'static str {
+        match e {
+            Error::ResourceExhausted {
+                backend: "postgres",
+                ..
+            } => "resource_exhausted",
+            Error::Unavailable(_) => "unavailable",
+            Error::OutcomeUnknown(_) => "outcome_unknown",
+            Error::Unauthenticated(_) => "unauthenticated",
+            Error::PermissionDenied(_) => "permission_denied",
+            Error::InvalidArgument(_) => "invalid_argument",
+            Error::Other(_) => "other",
+            _ => "something else",
+        }
+    }
+
+    #[test]
+    fn refusals_a_caller_acts_on_are_typed() {
+        let cases = [
+            (SqlState::TOO_MANY_CONNECTIONS, "resource_exhausted"),
+            (SqlState::DISK_FULL, "resource_exhausted"),
+            (SqlState::T_R_SERIALIZATION_FAILURE, "unavailable"),
+            (
+                SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN,
+                "outcome_unknown",
+            ),
+            (SqlState::ADMIN_SHUTDOWN, "unavailable"),
+            (SqlState::READ_ONLY_SQL_TRANSACTION, "unavailable"),
+            (SqlState::INVALID_PASSWORD, "unauthenticated"),
+            (SqlState::INSUFFICIENT_PRIVILEGE, "permission_denied"),
+            (SqlState::INVALID_CATALOG_NAME, "invalid_argument"),
+            (SqlState::UNIQUE_VIOLATION, "other"),
+        ];
+        for (code, expected) in cases {
+            let mapped = refusal(&code, "the database says no");
+            assert_eq!(kind(&mapped), expected, "{code:?}: {mapped:?}");
         }
     }
 }

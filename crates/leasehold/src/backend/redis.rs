@@ -61,8 +61,63 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[2], ARGV[2]
 return 0
 ";
 
-fn unavailable(e: redis::RedisError) -> Error {
-    Error::Unavailable(format!("redis: {e}"))
+fn redis_error(e: redis::RedisError) -> Error {
+    refusal(e.kind(), e.code(), e.detail(), e.to_string())
+}
+
+/// What a Redis error of `kind` (with the server's error `code` and
+/// `detail`, when the server answered with one) asks of the caller;
+/// `shown` is the whole error, for the message.
+fn refusal(
+    kind: redis::ErrorKind,
+    code: Option<&str>,
+    detail: Option<&str>,
+    shown: String,
+) -> Error {
+    use redis::ErrorKind as Kind;
+    match (kind, code) {
+        (Kind::AuthenticationFailed, _) | (_, Some("NOAUTH" | "WRONGPASS")) => {
+            Error::Unauthenticated(format!(
+                "redis: {shown}: put the user and password in the URL (redis://USER:PASSWORD@HOST:PORT)"
+            ))
+        }
+        (_, Some("NOPERM")) => Error::PermissionDenied(format!(
+            "redis: {shown}: the user's ACL must allow EVAL, PUBLISH and SUBSCRIBE on the leasehold:* keys and channels"
+        )),
+        (_, Some("OOM")) => Error::ResourceExhausted {
+            backend: "redis",
+            reason: shown,
+        },
+        (_, Some("ERR")) if detail.is_some_and(|d| d.contains("max number of clients")) => {
+            Error::ResourceExhausted {
+                backend: "redis",
+                reason: shown,
+            }
+        }
+        (Kind::Moved | Kind::Ask | Kind::CrossSlot, _) => Error::Unsupported {
+            backend: "redis",
+            what: "Redis Cluster (point redis:// at one primary, or use redlock://)",
+        },
+        (Kind::InvalidClientConfig, _) => Error::InvalidArgument(format!("redis: {shown}")),
+        // "Not now": a replica (after a failover), a server still loading
+        // its data or busy with a script, a cluster without a primary.
+        (
+            Kind::ReadOnly
+            | Kind::BusyLoadingError
+            | Kind::TryAgain
+            | Kind::ClusterDown
+            | Kind::MasterDown,
+            _,
+        )
+        | (_, Some("BUSY")) => Error::Unavailable(format!("redis: {shown}")),
+        // Any other answer from the server (a script that failed, a key of
+        // another type): sending it again will not change it.
+        (_, Some(_)) | (Kind::TypeError | Kind::ParseError, _) => {
+            Error::Other(format!("redis: {shown}"))
+        }
+        // No answer: the connection failed or closed.
+        _ => Error::Unavailable(format!("redis: {shown}")),
+    }
 }
 
 /// Parses `FENCE|OWNER|HOLDER`.
@@ -91,7 +146,7 @@ impl Node {
         )
         .await
         .map_err(|_| Error::Unavailable(format!("redis at {url}: connect timed out")))?
-        .map_err(unavailable)?;
+        .map_err(redis_error)?;
         Ok(Node { conn, client })
     }
 
@@ -105,7 +160,7 @@ impl Node {
             .arg(ttl.as_millis() as u64)
             .query_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(redis_error)?;
         Ok(r.is_some())
     }
 
@@ -117,7 +172,7 @@ impl Node {
             .arg(ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(redis_error)?;
         Ok(n == 1)
     }
 
@@ -128,7 +183,7 @@ impl Node {
             .arg(value)
             .invoke_async(&mut self.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(redis_error)?;
         Ok(n == 1)
     }
 }
@@ -209,7 +264,7 @@ impl Redis {
             .arg(kept.as_millis() as u64)
             .invoke_async(&mut self.node.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(redis_error)?;
         if taken == 0 {
             let value: String = redis::from_redis_value(&second).unwrap_or_default();
             let (fence, holder) = parse_value(&value);
@@ -342,7 +397,7 @@ async fn release_fence(node: &Node, key: &str, fence: Fence) -> Result<()> {
         .arg(fence)
         .invoke_async(&mut node.conn.clone())
         .await
-        .map_err(unavailable)?;
+        .map_err(redis_error)?;
     match n {
         0 => Ok(()),
         -1 => Err(Error::StaleFence {
@@ -379,7 +434,7 @@ impl Hold for RedisHold {
             .arg(data)
             .invoke_async(&mut self.node.conn.clone())
             .await
-            .map_err(unavailable)?;
+            .map_err(redis_error)?;
         if n == 1 {
             Ok(())
         } else {
@@ -388,5 +443,77 @@ impl Hold for RedisHold {
                 current: None,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::ErrorKind as Kind;
+
+    fn map(kind: Kind, code: Option<&str>, detail: Option<&str>) -> Error {
+        refusal(kind, code, detail, format!("{code:?} {detail:?}"))
+    }
+
+    #[test]
+    fn refusals_a_caller_acts_on_are_typed() {
+        let ext = Kind::ExtensionError;
+        assert!(matches!(
+            map(ext, Some("NOAUTH"), Some("Authentication required.")),
+            Error::Unauthenticated(_)
+        ));
+        assert!(matches!(
+            map(Kind::AuthenticationFailed, None, None),
+            Error::Unauthenticated(_)
+        ));
+        assert!(matches!(
+            map(ext, Some("NOPERM"), Some("this user has no permissions")),
+            Error::PermissionDenied(_)
+        ));
+        assert!(matches!(
+            map(
+                ext,
+                Some("OOM"),
+                Some("command not allowed when used memory > 'maxmemory'")
+            ),
+            Error::ResourceExhausted {
+                backend: "redis",
+                ..
+            }
+        ));
+        assert!(matches!(
+            map(
+                Kind::ResponseError,
+                Some("ERR"),
+                Some("max number of clients reached")
+            ),
+            Error::ResourceExhausted { .. }
+        ));
+        assert!(matches!(
+            map(Kind::Moved, Some("MOVED"), Some("3999 127.0.0.1:6381")),
+            Error::Unsupported {
+                backend: "redis",
+                ..
+            }
+        ));
+        for (kind, code) in [
+            (Kind::ReadOnly, Some("READONLY")),
+            (Kind::BusyLoadingError, Some("LOADING")),
+            (ext, Some("BUSY")),
+            (Kind::IoError, None),
+        ] {
+            assert!(
+                matches!(map(kind, code, None), Error::Unavailable(_)),
+                "{kind:?} {code:?}"
+            );
+        }
+        assert!(matches!(
+            map(
+                ext,
+                Some("WRONGTYPE"),
+                Some("Operation against a key holding the wrong kind of value")
+            ),
+            Error::Other(_)
+        ));
     }
 }

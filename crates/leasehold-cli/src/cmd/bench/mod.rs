@@ -122,6 +122,7 @@ impl Shared {
             Error::InvalidArgument(_) => "invalid_argument",
             Error::Unavailable(_) => "unavailable",
             Error::OutcomeUnknown(_) => "outcome_unknown",
+            Error::ResourceExhausted { .. } => "resource_exhausted",
             _ => "other",
         };
         if let Ok(mut m) = self.errors.lock() {

@@ -201,8 +201,9 @@ impl Backend for Leaseholdd {
             .await
             .map_err(|s| error(prefix, s))?
             .into_inner();
+        let prefix = prefix.to_string();
         Ok(stream
-            .map(|item| {
+            .map(move |item| {
                 item.map(|e| LockEvent {
                     kind: match pb::lock_event::Kind::try_from(e.kind) {
                         Ok(pb::lock_event::Kind::Acquired) => "acquired",
@@ -217,7 +218,7 @@ impl Backend for Leaseholdd {
                     holder: e.holder,
                     data: e.data,
                 })
-                .map_err(|s| error("", s))
+                .map_err(|s| error(&prefix, s))
             })
             .boxed())
     }
