@@ -413,7 +413,7 @@ fn the_fixture_table_covers_every_part() {
     let debug = format!("{table:?}");
     for part in [
         "attach_by: Some(",
-        "from_wait: Some(",
+        "request_id: Some(",
         "set: Some(",
         "GrantingAs",
         "Hold(",

@@ -109,7 +109,9 @@ impl LockTable {
         }
         let mut detached = 0;
         for (key, lock) in &self.state.locks {
-            let holder = lock.holders().filter_map(|h| Some((h.attach_by?, h.lease)));
+            let holder = lock
+                .holders()
+                .filter_map(|h| Some((h.attach_by()?, h.lease)));
             let waiters = lock
                 .waiters()
                 .iter()

@@ -80,7 +80,7 @@ use crate::command::{Checkpoint, Event, Grant, Mode, Response, WaitEnd};
 use crate::{Fence, LeaseId, RequestId, Time};
 
 use super::answers::{Asked, Caller};
-use super::lock::{Ask, Holding, Lease, Lock, Set, Waiter};
+use super::lock::{Ask, Holding, Lease, Lock, Set, WaitGrant, Waiter};
 use super::{LockTable, Outcome};
 
 impl LockTable {
@@ -93,8 +93,8 @@ impl LockTable {
             self.state.deadlines.forget_attach(key, lease);
             return;
         };
-        if let Some(h) = lock.holding_of(lease).filter(|h| h.attach_by.is_some()) {
-            let (fence, request_id) = (h.fence, h.from_wait.unwrap_or(0));
+        if let Some(h) = lock.holding_of(lease).filter(|h| h.attach_by().is_some()) {
+            let (fence, request_id) = (h.fence, h.wait_request().unwrap_or(0));
             // Clears the deadline entry with the holding.
             let _ = self.release(key, fence, events);
             self.forget(Caller::Lease(lease), request_id);
@@ -260,7 +260,7 @@ impl LockTable {
             if !self.state.sets.is_empty() {
                 self.state.sets.remove(&holding.fence);
             }
-            if let Some(t) = holding.attach_by {
+            if let Some(t) = holding.attach_by() {
                 self.state.deadlines.remove_attach(t, key, id);
             }
             let (key, fence, holder) = (key.clone(), holding.fence, lease.holder.clone());
@@ -585,15 +585,12 @@ impl LockTable {
     ) -> Grant {
         let fence = self.state.new_fence();
         for (i, key) in set.iter().enumerate() {
-            let holding = Holding {
-                lease: lease_id,
-                fence,
-                mode: Mode::Exclusive,
-                lock_delay_ms,
-                from_wait: from_wait.map(|(id, _)| id),
+            let wait = from_wait.map(|(id, attempt)| WaitGrant {
+                request_id: Some(id),
                 attach_by: attach_by(i),
-                attempt: from_wait.map_or(0, |(_, attempt)| attempt),
-            };
+                attempt,
+            });
+            let holding = Holding::granted(lease_id, fence, Mode::Exclusive, lock_delay_ms, wait);
             self.add_hold(key, holding, events);
         }
         self.state.sets.insert(fence, set.clone());
@@ -684,8 +681,8 @@ impl LockTable {
         let its_attempt = |a: u64| attempt == 0 || attempt == a;
         let granted_to_this_wait = lock
             .holding_of(lease_id)
-            .filter(|h| h.from_wait == Some(request_id))
-            .map(|h| (h.fence, h.attempt));
+            .filter(|h| h.wait_request() == Some(request_id))
+            .map(|h| (h.fence, h.attempt()));
         if let Some((fence, granted_in)) = granted_to_this_wait {
             if its_attempt(granted_in) {
                 self.release(&key, fence, events)?;
@@ -721,7 +718,7 @@ impl LockTable {
     /// Frees one key held with `fence`, without handing it on.
     fn release_one(&mut self, key: &str, fence: Fence, events: &mut Vec<Event>) -> Outcome {
         let (key, holding) = self.held_by(key, fence)?;
-        let (key, lease_id, attach_by) = (key.clone(), holding.lease, holding.attach_by);
+        let (key, lease_id, attach_by) = (key.clone(), holding.lease, holding.attach_by());
         if let Some(t) = attach_by {
             self.state.deadlines.remove_attach(t, &key, lease_id);
         }
