@@ -50,6 +50,13 @@ pub use snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use state_machine::Shared;
 pub use state_machine::{AppliedCommand, ApplyTap, StateMachine};
 
+/// Commands applied since the last snapshot past which a clean stop takes
+/// a snapshot first (see [`Consensus::shutdown`]).
+const SNAPSHOT_AT_STOP_AFTER: u64 = 10_000;
+
+/// How long a clean stop waits for that snapshot.
+const SNAPSHOT_AT_STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One entry of the replicated log: a batch of commands and the leader's stamp
 /// on it (see `batch`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -216,8 +223,37 @@ impl Consensus {
         self.id
     }
 
-    /// Stops the Raft node.
+    /// Takes a snapshot of everything applied and waits for it, for at most
+    /// [`SNAPSHOT_AT_STOP_WAIT`]. Without it nothing is lost: the next start
+    /// replays the log instead.
+    async fn snapshot_before_stop(&self) {
+        let Some(applied) = self.raft.metrics().borrow().last_applied else {
+            return;
+        };
+        if self.raft.trigger().snapshot().await.is_err() {
+            return;
+        }
+        let taken = self
+            .raft
+            .wait(Some(SNAPSHOT_AT_STOP_WAIT))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied.index),
+                "a snapshot before stopping",
+            )
+            .await;
+        if let Err(e) = taken {
+            tracing::warn!(error = %e, "no snapshot before stopping: the next start replays the log since the last one");
+        }
+    }
+
+    /// Stops the Raft node, first taking a snapshot if many commands were
+    /// applied since the last one, so that the next start reads them from
+    /// the snapshot instead of replaying the log (after a million acquires,
+    /// starting took 1.45 s instead of 0.5 s: `bench/memory.py`).
     pub async fn shutdown(&self) {
+        if self.shared.commands_since_snapshot() >= SNAPSHOT_AT_STOP_AFTER {
+            self.snapshot_before_stop().await;
+        }
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }

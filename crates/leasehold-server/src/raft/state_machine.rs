@@ -125,6 +125,11 @@ impl Shared {
         since >= self.snapshot_every && (last < SMALL_SNAPSHOT || bytes_since >= last)
     }
 
+    /// Commands applied since the last snapshot.
+    pub fn commands_since_snapshot(&self) -> u64 {
+        self.since_snapshot.load(Ordering::Relaxed)
+    }
+
     /// The index of the last applied log entry, without waiting for the
     /// applied state.
     pub fn last_applied_index(&self) -> u64 {
