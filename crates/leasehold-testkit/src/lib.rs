@@ -266,6 +266,28 @@ impl Leaseholdd {
         Leaseholdd { process, addr, dir }
     }
 
+    /// Starts one on a copy of the data dir `from` and waits until it leads.
+    pub fn start_from(from: &Path, extra: &[&str]) -> Leaseholdd {
+        let dir = tempfile::tempdir().expect("tempdir");
+        copy_dir(from, &dir.path().join("data"));
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut args = vec![
+            "--listen".to_string(),
+            addr.clone(),
+            "--data-dir".to_string(),
+            dir.path().join("data").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let process = Process::spawn(
+            &workspace_bin("leaseholdd"),
+            &args,
+            &dir.path().join("leaseholdd.log"),
+        );
+        let server = Leaseholdd { process, addr, dir };
+        server.wait_ready();
+        server
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
@@ -287,6 +309,20 @@ impl Leaseholdd {
     pub fn crash_and_restart(&mut self) {
         self.process.restart();
         self.wait_ready();
+    }
+}
+
+/// Copies the directory `from` to `to`, files and folders alike.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create the copy's folder");
+    for entry in std::fs::read_dir(from).expect("read the folder to copy") {
+        let entry = entry.expect("read a folder entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy a file");
+        }
     }
 }
 
