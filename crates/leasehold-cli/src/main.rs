@@ -255,6 +255,13 @@ enum ClusterAction {
         /// The node's id.
         id: u64,
     },
+    /// Hand leadership to voter ID (or the most caught-up follower), for a
+    /// planned restart of the leader. A leader stopped with SIGTERM does
+    /// this itself.
+    TransferLeader {
+        /// The voter to take over.
+        id: Option<u64>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -115,9 +115,11 @@ pub async fn run(
     let (signal_tx, signal_rx) = watch::channel(false);
     let signal_tx = Arc::new(signal_tx);
     let signal = signal_tx.clone();
+    let handing_over = consensus.clone();
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down");
+        handing_over.hand_over_leadership().await;
         let _ = signal.send(true);
     });
 
@@ -125,7 +127,7 @@ pub async fn run(
     let mut connections = JoinSet::new();
     let mut stopping = signal_rx.clone();
     // openraft stops a node's Raft on an internal error it cannot recover
-    // from (0.9 can, in a race between a deposed leader's replication to a
+    // from (0.9 could, in a race between a deposed leader's replication to a
     // returning member and its next snapshot for it). The process then
     // serves nothing useful: exit, so its supervisor restarts it, and it
     // rejoins from its data dir.

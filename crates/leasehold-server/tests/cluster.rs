@@ -581,3 +581,78 @@ async fn membership_over_grpc() {
         .into_inner();
     assert_eq!(status.members.len(), 3);
 }
+
+/// Leadership moves to the voter named, or to the most caught-up follower,
+/// over HTTP and gRPC; a leader stopped with SIGTERM hands it over first; a
+/// transfer that cannot be made is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_is_handed_over_on_request_and_before_a_clean_stop() {
+    use leasehold_proto::v1 as pb;
+    let _serial = common::serial().await;
+    let mut c = Cluster::start(3);
+    let leader = c.wait_leader();
+    let addr = c.nodes[leader].addr.clone();
+    let term = health(&addr)["term"].as_u64().expect("term");
+    let (s, held) = common::post(&addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 60_000})).await;
+    assert_eq!(s, 200, "{held}");
+
+    // Refused, and the leader stays: not a member, itself, a bad body, and
+    // asked of a follower.
+    let me = c.nodes[leader].id;
+    let path = "/v1/cluster/transfer-leader";
+    for body in [json!({"to": 9}), json!({"to": me}), json!({"to": "two"})] {
+        let (s, r) = common::post(&addr, path, body).await;
+        assert_eq!(s, 400, "{r}");
+        assert_eq!(r["error"]["code"], "invalid_argument", "{r}");
+    }
+    let follower = (leader + 1) % 3;
+    let (s, r) = common::post(&c.nodes[follower].addr, path, json!({})).await;
+    assert_eq!(r["error"]["code"], "not_leader", "{s} {r}");
+    assert_eq!(health(&addr)["role"], "leader");
+
+    // Named, over HTTP: it leads when the call answers.
+    let to = c.nodes[follower].id;
+    let (s, r) = common::post(&addr, path, json!({"to": to})).await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["leader"], to, "{r}");
+    let h = health(&c.nodes[follower].addr);
+    assert_eq!(h["role"], "leader", "{h}");
+    assert!(h["term"].as_u64() > Some(term), "{h}");
+
+    // Unnamed, over gRPC: someone else leads.
+    let mut g = pb::leasehold_client::LeaseholdClient::connect(c.nodes[follower].url())
+        .await
+        .expect("connect");
+    let status = g
+        .transfer_leader(pb::TransferLeaderRequest { to: None })
+        .await
+        .expect("transfer over gRPC")
+        .into_inner();
+    let next = status.leader.expect("a leader");
+    assert_ne!(next, to);
+
+    // SIGTERM: the leader hands over before it exits.
+    let stopping = c.wait_leader();
+    let term = health(&c.nodes[stopping].addr)["term"]
+        .as_u64()
+        .expect("term");
+    let exited = c.nodes[stopping]
+        .process
+        .as_mut()
+        .expect("running")
+        .terminate();
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+    assert!(
+        c.nodes[stopping]
+            .output()
+            .contains("handed leadership over first"),
+        "{}",
+        c.nodes[stopping].output()
+    );
+    let now = c.wait_leader();
+    assert_ne!(now, stopping);
+    let h = health(&c.nodes[now].addr);
+    assert_eq!(h["term"].as_u64(), Some(term + 1), "one campaign: {h}");
+    let (_, lock) = get(&c.nodes[now].addr, "/v1/locks/k").await;
+    assert_eq!(lock["holder"]["fence"], held["fence"], "{lock}");
+}

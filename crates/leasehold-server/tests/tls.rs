@@ -145,7 +145,8 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
     let mut as_two = RaftPeerClient::new(channel);
     let vote = |from: u64| {
         // A stale term: heard and turned down, so nothing changes.
-        let request: VoteRequest<u64> = VoteRequest::new(Vote::new(0, from), None);
+        let request: VoteRequest<leasehold_server::raft::TypeConfig> =
+            VoteRequest::new(Vote::new(0, from), None);
         PeerMessage {
             bincode: bincode::DefaultOptions::new()
                 .with_fixint_encoding()

@@ -244,9 +244,8 @@ fn node_parts(
     registry: &node::Registry,
     applied: &applied::AppliedLog,
 ) -> NodeParts {
-    // Distinct election timeouts from the seed: openraft draws its own from
-    // the thread's generator, so each node's range is one millisecond wide
-    // and the seed picks where it lies.
+    // Distinct election timeouts from the seed: each node's range is one
+    // millisecond wide and the seed picks where it lies.
     let low = rng.gen_range(150..450);
     let sync_time = Duration::from_micros(rng.gen_range(2000..15000));
     let disk = disk::Disk::new(rng.gen(), sync_time, bug == Some(Bug::AckBeforeFsync));
@@ -369,6 +368,9 @@ impl Sandbox {
     /// `nodes` voters forming a group, seeded by `seed`, with `bug` planted.
     pub fn new(seed: u64, nodes: usize, bug: Option<Bug>) -> Sandbox {
         let mut rng = StdRng::seed_from_u64(seed);
+        // Every host runs on this thread: openraft's own draws (election
+        // timeouts, the first tick) come from the seed too.
+        leasehold_server::raft::seed_thread_randomness(seed);
         let history = History::default();
         let net = Net::new(
             rng.gen(),

@@ -233,8 +233,12 @@ fn a_partitioned_leader_is_replaced_and_steps_down() {
     assert!(seen >= new_term);
 }
 
+/// The member that no longer hears the leader asks for pre-votes before it
+/// campaigns; the members that still hear the leader refuse, so its term
+/// stays and nobody is deposed (without pre-vote its campaign raised the
+/// term and the leader stepped down when it saw it).
 #[test]
-fn a_one_way_cut_only_drops_one_direction() {
+fn a_one_way_cut_only_drops_one_direction_and_deposes_no_leader() {
     let (mut sandbox, old, term) = formed(4);
     let other = if old == 1 { 2 } else { 1 };
     sandbox.net.cut(&addr(old), &addr(other));
@@ -245,10 +249,15 @@ fn a_one_way_cut_only_drops_one_direction() {
         after.cut > before.cut,
         "the leader's heartbeats to n{other} are dropped"
     );
-    // n{other} hears no leader and campaigns; its requests still reach the
-    // old leader, which sees the higher term.
-    let (_, seen, _) = sandbox.registry.status(old).expect("up");
-    assert!(seen > term, "n{old} still at term {seen}");
+    let (role, seen, _) = sandbox.registry.status(old).expect("up");
+    assert_eq!(role, "leader", "n{old} was deposed");
+    assert_eq!(seen, term, "n{old} saw a campaign's term");
+    let (_, cut_off, _) = sandbox.registry.status(other).expect("up");
+    assert_eq!(cut_off, term, "n{other} raised its term without a majority");
+    sandbox.net.heal();
+    sandbox.run_for(Duration::from_secs(2)).expect("run");
+    let (role, _, _) = sandbox.registry.status(other).expect("up");
+    assert_eq!(role, "follower", "n{other} follows again once healed");
 }
 
 #[test]

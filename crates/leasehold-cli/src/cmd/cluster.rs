@@ -261,3 +261,20 @@ pub async fn remove(target: &Target, id: u64) -> anyhow::Result<i32> {
     println!("node {id} removed");
     Ok(0)
 }
+
+/// `leasehold cluster transfer-leader [ID]`.
+pub async fn transfer_leader(target: &Target, id: Option<u64>) -> anyhow::Result<i32> {
+    let body = serde_json::json!({ "to": id });
+    let status = answer(
+        at_leader(target, |h, a| {
+            h.post(format!("{a}/v1/cluster/transfer-leader"))
+                .json(&body)
+        })
+        .await?,
+    )?;
+    match status["leader"].as_u64() {
+        Some(leader) => println!("node {leader} leads (term {})", status["term"]),
+        None => println!("leadership handed over"),
+    }
+    Ok(0)
+}

@@ -151,6 +151,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             ClusterAction::Status { json } => cluster::status(&target, json).await,
             ClusterAction::Add { id, addr } => cluster::add(&target, id, &addr).await,
             ClusterAction::Remove { id } => cluster::remove(&target, id).await,
+            ClusterAction::TransferLeader { id } => cluster::transfer_leader(&target, id).await,
         },
         Command::Auth { action } => match action {
             AuthAction::Enable => auth::enable(&target).await,

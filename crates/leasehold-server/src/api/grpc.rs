@@ -254,6 +254,15 @@ impl Leasehold for Grpc {
         Ok(Response::new(cluster_status(status)))
     }
 
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        let (s, r) = self.caller(request)?;
+        let status = s.transfer_leader(r.to).await?;
+        Ok(Response::new(cluster_status(status)))
+    }
+
     type WatchStream = EventStream;
 
     async fn watch(

@@ -225,6 +225,7 @@ pub fn router(service: LockService, scheme: &'static str) -> Router {
         .route("/v1/auth/tokens", post(create_token))
         .route("/v1/auth/tokens/:id", axum::routing::delete(revoke_token))
         .route("/v1/cluster/members", post(add_member))
+        .route("/v1/cluster/transfer-leader", post(transfer_leader))
         .route(
             "/v1/cluster/members/:id",
             axum::routing::delete(remove_member),
@@ -622,6 +623,24 @@ struct MemberBody {
 
 async fn add_member(Caller(s): Caller, Body(b): Body<MemberBody>) -> Result<Json<Value>> {
     Ok(Json(json!(s.add_member(b.id, b.addr).await?)))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TransferBody {
+    /// The voter to hand leadership to; none: the most caught-up.
+    #[serde(default)]
+    to: Option<u64>,
+}
+
+/// Body `{"to": ID}`, or none: the most caught-up follower.
+async fn transfer_leader(Caller(s): Caller, body: Bytes) -> Result<Json<Value>> {
+    let body: TransferBody = if body.iter().all(u8::is_ascii_whitespace) {
+        TransferBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid("body", e))?
+    };
+    Ok(Json(json!(s.transfer_leader(body.to).await?)))
 }
 
 async fn remove_member(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {

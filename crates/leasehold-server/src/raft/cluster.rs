@@ -15,11 +15,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
 use serde::Serialize;
 
-use super::{Consensus, ConsensusError, NodeId};
+use super::{Consensus, ConsensusError, NodeId, TypeConfig};
 
 /// How long a node being added has to answer the leader.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -49,6 +50,10 @@ pub enum MembershipError {
     #[error("{0}")]
     NotAdded(String),
 }
+
+/// How long a leadership transfer may take before it is reported as not
+/// done.
+const TRANSFER_WITHIN: Duration = Duration::from_secs(3);
 
 impl MembershipError {
     fn invalid(field: &'static str, reason: impl std::fmt::Display) -> MembershipError {
@@ -136,7 +141,7 @@ fn quorum_index(members: &[MemberStatus]) -> Option<u64> {
 impl Consensus {
     /// The group as this node sees it (a follower does not know the lag).
     pub fn cluster_status(&self) -> ClusterStatus {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let last = m.last_log_index.unwrap_or(0);
@@ -199,12 +204,12 @@ impl Consensus {
 
     /// Refuses unless this node leads and is a voter of the latest
     /// membership: a leader that has just removed itself still leads until
-    /// that change commits, and must not start another one (openraft 0.9
+    /// that change commits, and must not start another one (openraft
     /// asserts against it in debug builds).
     fn leader_only(&self) -> Result<(), MembershipError> {
         let (state, me) = {
             let m = self.raft.metrics();
-            let m = m.borrow();
+            let m = m.borrow_watched();
             (m.state, m.id)
         };
         if state != ServerState::Leader || !self.voters().contains(&me) {
@@ -243,10 +248,10 @@ impl Consensus {
         Ok(())
     }
 
-    fn voters(&self) -> BTreeSet<NodeId> {
+    pub(super) fn voters(&self) -> BTreeSet<NodeId> {
         self.raft
             .metrics()
-            .borrow()
+            .borrow_watched()
             .membership_config
             .membership()
             .voter_ids()
@@ -307,7 +312,7 @@ impl Consensus {
         // The leader restarts replication on a membership change; the status
         // answered shows the new voter's progress once it is known again.
         let mut metrics = self.raft.metrics();
-        let known = metrics.wait_for(|m| {
+        let known = metrics.wait_until(|m| {
             m.replication
                 .as_ref()
                 .is_some_and(|r| r.get(&id).is_some_and(Option::is_some))
@@ -323,7 +328,7 @@ impl Consensus {
     async fn catch_up(&self, id: NodeId, addr: &str) -> Result<(), String> {
         let start = tokio::time::Instant::now();
         let progress = || {
-            let m = self.raft.metrics().borrow().clone();
+            let m = self.raft.metrics().borrow_watched().clone();
             let matched = m
                 .replication
                 .as_ref()
@@ -405,6 +410,87 @@ impl Consensus {
         Ok(self.cluster_status())
     }
 
+    /// Hands leadership to voter `to`, or to the follower that holds the
+    /// most of the log, and waits until it leads. The new leader campaigns
+    /// at once, without waiting out an election timeout, so clients see a
+    /// pause of about one round trip.
+    pub async fn transfer_leader(
+        &self,
+        to: Option<NodeId>,
+    ) -> Result<ClusterStatus, MembershipError> {
+        self.leader_only()?;
+        let to = self.transfer_target(to)?;
+        self.raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| ConsensusError::Stopped(e.to_string()))?;
+        let handed = self
+            .raft
+            .wait(Some(TRANSFER_WITHIN))
+            .metrics(
+                |m| m.current_leader == Some(to) && m.current_term > 0,
+                "leadership to move",
+            )
+            .await;
+        if handed.is_err() {
+            return Err(ConsensusError::Unknown(format!(
+                "node {to} did not take over within {} s; check `leasehold cluster status`",
+                TRANSFER_WITHIN.as_secs()
+            ))
+            .into());
+        }
+        tracing::info!(to, "handed leadership over");
+        Ok(self.cluster_status())
+    }
+
+    /// The voter to hand leadership to: `to` if it may take it, else the
+    /// follower whose log matches the most of this one's (the lowest id
+    /// among equals).
+    fn transfer_target(&self, to: Option<NodeId>) -> Result<NodeId, MembershipError> {
+        let voters = self.voters();
+        let others: Vec<NodeId> = voters.iter().copied().filter(|&v| v != self.id).collect();
+        if others.is_empty() {
+            return Err(MembershipError::invalid(
+                "to",
+                "this node is the only voter: there is no one to hand leadership to",
+            ));
+        }
+        if let Some(to) = to {
+            if to == self.id {
+                return Err(MembershipError::invalid(
+                    "to",
+                    format!("node {to} already leads"),
+                ));
+            }
+            if !voters.contains(&to) {
+                return Err(MembershipError::invalid(
+                    "to",
+                    format!("node {to} is not a voter; voters: {others:?}"),
+                ));
+            }
+            return Ok(to);
+        }
+        let matched = self
+            .raft
+            .metrics()
+            .borrow_watched()
+            .replication
+            .clone()
+            .unwrap_or_default();
+        let index = |id: &NodeId| {
+            matched
+                .get(id)
+                .and_then(|m| m.as_ref().map(|l| l.index))
+                .unwrap_or(0)
+        };
+        let best = others
+            .iter()
+            .copied()
+            .max_by_key(|id| (index(id), std::cmp::Reverse(*id)));
+        best.ok_or_else(|| MembershipError::invalid("to", "no follower to hand leadership to"))
+    }
+
     /// Whether this node learned that it was removed from the group.
     pub fn removed(&self) -> bool {
         self.removed.load(std::sync::atomic::Ordering::SeqCst)
@@ -413,8 +499,10 @@ impl Consensus {
     /// Watches for this node's own removal, which openraft never tells it:
     /// the leader stops replicating to a removed member as soon as it
     /// appends the change, so the member keeps the membership that still
-    /// names it, hears no leader, and campaigns on. While it hears no
-    /// leader, it asks the other members for their membership; one that
+    /// names it and hears from no leader (openraft 0.10 still names the
+    /// last leader it knew, and with pre-vote it raises no term). While its
+    /// log stands still and it does not lead, it asks the other members for
+    /// their membership (after two seconds, then every five); one that
     /// has committed a newer membership without this node proves it was
     /// removed (a committed membership never rolls back). It then stops
     /// campaigning, logs it once and says so in `/health`. A leader that
@@ -423,12 +511,13 @@ impl Consensus {
         use std::sync::atomic::Ordering;
         // Evidence of the removal: the index of the membership that left it out.
         let mut removed_at: Option<u64> = None;
-        let mut leaderless = 0u32;
+        let mut still = 0u32;
+        let mut last_applied = None;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let m = self.raft.metrics().borrow().clone();
+            let m = self.raft.metrics().borrow_watched().clone();
             if m.running_state.is_err() || m.state == ServerState::Shutdown {
                 return;
             }
@@ -449,13 +538,14 @@ impl Consensus {
             }
             // Only a member can be removed: a node waiting to be added
             // (its log empty) is named by no membership yet.
-            let leaderless_now = m.current_leader.is_none() || m.state == ServerState::Candidate;
-            leaderless = if named && leaderless_now {
-                leaderless + 1
+            let applied = m.last_applied.as_ref().map(|l| l.index);
+            let moved = std::mem::replace(&mut last_applied, applied) != applied;
+            still = if named && !moved && m.state != ServerState::Leader {
+                still + 1
             } else {
                 0
             };
-            if leaderless < 2 {
+            if still < 2 || (still > 2 && !still.is_multiple_of(5)) {
                 continue;
             }
             let peers: Vec<(NodeId, String)> = m
@@ -489,7 +579,7 @@ impl Consensus {
 
     fn change_error(
         &self,
-        e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+        e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
     ) -> MembershipError {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
@@ -499,6 +589,14 @@ impl Consensus {
                 .into()
             }
             RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                MembershipError::invalid("members", e)
+            }
+            // Appended, then cut from the log by a new leader.
+            RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => ConsensusError::Unknown(
+                "the membership change was discarded by a new leader".into(),
+            )
+            .into(),
+            RaftError::APIError(ClientWriteError::PreconditionFailed(e)) => {
                 MembershipError::invalid("members", e)
             }
             RaftError::Fatal(e) => ConsensusError::Unknown(e.to_string()).into(),

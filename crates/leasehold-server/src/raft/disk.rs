@@ -144,8 +144,8 @@ impl LogFile for FsFile {
         self.0.write_all_at(bytes, offset)
     }
 
-    /// `fdatasync` on the calling thread: openraft 0.9's core waits for the
-    /// flush of each append before it does anything else anyway.
+    /// `fdatasync` on the calling thread: the log flushes inside `append`,
+    /// and openraft's core waits for `append` before it goes on anyway.
     fn sync(&mut self) -> impl Future<Output = io::Result<()>> + Send {
         let synced = self.0.sync_data();
         std::future::ready(synced)

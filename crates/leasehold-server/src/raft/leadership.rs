@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::{Command, Time};
+use openraft::async_runtime::WatchReceiver;
 use openraft::ServerState;
 
 use super::{Consensus, NodeId};
@@ -103,6 +104,9 @@ impl Consensus {
                     m.state,
                     m.current_term,
                     m.current_leader,
+                    // An age, which the node's own clock can use; its
+                    // replacement is an instant of openraft's runtime.
+                    #[allow(deprecated)]
                     m.millis_since_quorum_ack,
                     voters <= 1,
                 )
@@ -144,7 +148,11 @@ impl Consensus {
             } else if armed != Some(term) {
                 // Wait until everything committed before this term is applied,
                 // so the clock starts from the latest table time.
-                match self.raft.ensure_linearizable().await {
+                match self
+                    .raft
+                    .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
+                    .await
+                {
                     Ok(_) => {
                         let (base, applied_epoch) = self
                             .shared

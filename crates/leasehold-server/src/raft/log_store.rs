@@ -1,9 +1,9 @@
 //! The Raft log on disk: append-only segments, each append written and
 //! flushed (`fdatasync`) in the call that makes it.
 //!
-//! openraft 0.9's core waits for each append's flush before it does anything
-//! else, so appends never overlap and a writer thread of the log's own could
-//! not group them: it only cost two wake-ups between threads per flush (on
+//! openraft's core waits for each `append` before it does anything else, and
+//! `append` here returns once its records are flushed, so appends never
+//! overlap and a writer thread of the log's own could not group them: it only cost two wake-ups between threads per flush (on
 //! this kind of 2-core virtual machine ~20 µs of CPU each, beside 50-70 µs
 //! of system time for the `fdatasync` itself). Commands are grouped above
 //! openraft instead: one entry
@@ -41,15 +41,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{
-    Entry, LogId, OptionalSend, RaftLogId, RaftLogReader, StorageError, StorageIOError, Vote,
-};
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::OptionalSend;
 use prometheus_client::metrics::histogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use super::disk::{FsDisk, LogDisk, LogFile};
-use super::{NodeId, TypeConfig};
+use super::{Entry, LogId, TypeConfig, Vote};
 
 /// A new segment is started once the current one passes this size. Small
 /// enough that a purge after a snapshot frees most of the log promptly.
@@ -59,18 +57,18 @@ const SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 /// same variants in the same order and so the same encoding.
 #[derive(Deserialize)]
 enum Record {
-    Entry(Entry<TypeConfig>),
+    Entry(Entry),
     /// Entries at and after this index are gone.
     Truncate(u64),
     /// Entries up to and including this log id are gone (they are in a snapshot).
-    Purge(LogId<NodeId>),
+    Purge(LogId),
 }
 
 #[derive(Serialize)]
 enum RecordRef<'a> {
-    Entry(&'a Entry<TypeConfig>),
+    Entry(&'a Entry),
     Truncate(u64),
-    Purge(LogId<NodeId>),
+    Purge(LogId),
 }
 
 /// Applied entries kept in memory below the newest applied one; older ones
@@ -82,8 +80,8 @@ const APPLIED_KEPT_IN_MEMORY: u64 = 64;
 /// busy server appends ~100k commands; keeping them all cost ~10 MiB.)
 #[derive(Default)]
 struct Entries {
-    entries: BTreeMap<u64, Entry<TypeConfig>>,
-    last_purged: Option<LogId<NodeId>>,
+    entries: BTreeMap<u64, Entry>,
+    last_purged: Option<LogId>,
     /// Entries below this index (and above `last_purged`) are on disk only.
     memory_floor: u64,
 }
@@ -198,10 +196,6 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
-fn any(e: io::Error) -> openraft::AnyError {
-    openraft::AnyError::new(&e)
-}
-
 fn encode(record: &RecordRef<'_>, out: &mut Vec<u8>) -> io::Result<()> {
     let payload = bincode::serialize(record).map_err(io_err)?;
     let len = u32::try_from(payload.len()).map_err(io_err)?;
@@ -229,10 +223,10 @@ fn segment_numbers(disk: &impl LogDisk) -> io::Result<Vec<u64>> {
 /// Applies one record to `entries`, keeping only entries whose index is
 /// `wanted`. Returns the log id of a purge.
 fn replay_into(
-    entries: &mut BTreeMap<u64, Entry<TypeConfig>>,
+    entries: &mut BTreeMap<u64, Entry>,
     record: Record,
     wanted: impl Fn(u64) -> bool,
-) -> Option<LogId<NodeId>> {
+) -> Option<LogId> {
     match record {
         Record::Entry(entry) => {
             if wanted(entry.log_id.index) {
@@ -363,7 +357,7 @@ impl<D: LogDisk> LogStore<D> {
     /// Reads the entries of `range` from the segment files, for the rare
     /// reader that wants applied entries no longer in memory. Replays only
     /// the segments whose span can hold or change those entries.
-    fn read_from_disk(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry<TypeConfig>>> {
+    fn read_from_disk(&self, range: impl RangeBounds<u64>) -> io::Result<Vec<Entry>> {
         use std::ops::Bound;
         let start = match range.start_bound() {
             Bound::Included(&i) => i,
@@ -421,10 +415,6 @@ impl<D: LogDisk> LogStore<D> {
     async fn write(&self, write: Records) -> io::Result<()> {
         self.writer.lock().await.write(write).await
     }
-}
-
-fn write_error(e: io::Error) -> StorageError<NodeId> {
-    StorageIOError::write_logs(any(e)).into()
 }
 
 /// Where a segment's intact records end, and whether only zeros follow.
@@ -571,7 +561,7 @@ impl<D: LogDisk> RaftLogReader<TypeConfig> for LogStore<D> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+    ) -> io::Result<Vec<Entry>> {
         let (from_memory, floor) = {
             let state = self.lock();
             let entries: Vec<_> = state
@@ -597,24 +587,31 @@ impl<D: LogDisk> RaftLogReader<TypeConfig> for LogStore<D> {
             _ => Bound::Excluded(floor),
         };
         let below = (range.start_bound().cloned(), end);
-        let mut entries = self
-            .read_from_disk(below)
-            .map_err(|e| StorageError::from(StorageIOError::read_logs(any(e))))?;
+        let mut entries = self.read_from_disk(below)?;
         entries.retain(|e| range.contains(&e.log_id.index));
         entries.extend(from_memory.into_iter().filter(|e| e.log_id.index >= floor));
         Ok(entries)
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        match self.disk.read_vote()? {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| io_err(format!("the vote file is not a vote: {e}"))),
+            None => Ok(None),
+        }
     }
 }
 
 impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
     type LogReader = LogStore<D>;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
         let state = self.lock();
-        let last = state.entries.last_key_value().map(|(_, e)| *e.get_log_id());
+        let last = state.entries.last_key_value().map(|(_, e)| e.log_id);
         Ok(LogState {
             last_purged_log_id: state.last_purged,
-            last_log_id: last.or(state.last_purged),
+            last_log_id: last.or_else(|| state.last_purged),
         })
     }
 
@@ -622,31 +619,18 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
         self.clone()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let bytes =
-            serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(any(io_err(e))))?;
-        self.disk
-            .write_vote(&bytes)
-            .map_err(|e| StorageIOError::write_vote(any(e)).into())
+    /// Durable when it returns, and so is every write before it: each write
+    /// is flushed before the next one starts.
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
+        let bytes = serde_json::to_vec(vote).map_err(io_err)?;
+        // Taken so that no log write is in flight beside the vote's.
+        let _writer = self.writer.lock().await;
+        self.disk.write_vote(&bytes)
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        match self.disk.read_vote() {
-            Ok(Some(bytes)) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| StorageIOError::read_vote(any(io_err(e))).into()),
-            Ok(None) => Ok(None),
-            Err(e) => Err(StorageIOError::read_vote(any(e)).into()),
-        }
-    }
-
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError<NodeId>>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let mut bytes = Vec::new();
@@ -655,7 +639,7 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
         {
             let mut state = self.lock();
             for entry in entries {
-                encode(&RecordRef::Entry(&entry), &mut bytes).map_err(write_error)?;
+                encode(&RecordRef::Entry(&entry), &mut bytes)?;
                 last_index = Some(entry.log_id.index);
                 span.entry(entry.log_id.index);
                 state.entries.insert(entry.log_id.index, entry);
@@ -688,16 +672,17 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
             .as_ref()
             .map(|_| ())
             .map_err(|e| io::Error::new(e.kind(), e.to_string()));
-        callback.log_io_completed(answer);
-        written.map_err(write_error)
+        callback.io_completed(answer);
+        written
     }
 
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        self.lock().entries.split_off(&log_id.index);
+    async fn truncate_after(&mut self, last_kept: Option<LogId>) -> io::Result<()> {
+        let from = last_kept.map_or(0, |l| l.index + 1);
+        self.lock().entries.split_off(&from);
         let mut bytes = Vec::new();
-        encode(&RecordRef::Truncate(log_id.index), &mut bytes).map_err(write_error)?;
+        encode(&RecordRef::Truncate(from), &mut bytes)?;
         let mut span = Span::default();
-        span.truncate(log_id.index);
+        span.truncate(from);
         self.write(Records {
             bytes,
             span,
@@ -705,27 +690,26 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
             purge_upto: None,
         })
         .await
-        .map_err(write_error)
     }
 
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
+        let index = log_id.index;
+        let mut bytes = Vec::new();
+        encode(&RecordRef::Purge(log_id), &mut bytes)?;
         {
             let mut state = self.lock();
-            state.entries = state.entries.split_off(&(log_id.index + 1));
+            state.entries = state.entries.split_off(&(index + 1));
             state.last_purged = Some(log_id);
         }
-        let mut bytes = Vec::new();
-        encode(&RecordRef::Purge(log_id), &mut bytes).map_err(write_error)?;
         let mut span = Span::default();
-        span.purge(log_id.index);
+        span.purge(index);
         self.write(Records {
             bytes,
             span,
             last_index: None,
-            purge_upto: Some(log_id.index),
+            purge_upto: Some(index),
         })
         .await
-        .map_err(write_error)
     }
 }
 
@@ -735,14 +719,14 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
 mod storage_tests {
     use std::sync::Arc;
 
-    use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-    use openraft::testing::{StoreBuilder, Suite};
-    use openraft::{Entry, EntryPayload, LogId, RaftLogReader, StorageError};
+    use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
+    use openraft::testing::log::{StoreBuilder, Suite};
+    use openraft::{EntryPayload, StorageError};
 
     use super::LogStore;
     use crate::raft::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
     use crate::raft::state_machine::StateMachine;
-    use crate::raft::{NodeId, TypeConfig};
+    use crate::raft::{CommittedLeaderId, Entry, LogId, TypeConfig};
 
     /// The log on disk, with the snapshot in a file or in memory.
     struct Builder {
@@ -752,7 +736,7 @@ mod storage_tests {
     impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
         async fn build(
             &self,
-        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<NodeId>> {
+        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
             let dir = tempfile::tempdir().expect("tempdir");
             let log = LogStore::open(dir.path()).expect("open log");
             let snapshots: Arc<dyn SnapshotStore> = if self.snapshots_in_memory {
@@ -766,26 +750,34 @@ mod storage_tests {
         }
     }
 
-    #[test]
-    fn openraft_storage_suite() {
+    #[tokio::test]
+    async fn openraft_storage_suite() {
         Suite::test_all(Builder {
             snapshots_in_memory: false,
         })
+        .await
         .expect("storage suite, snapshots in a file");
         Suite::test_all(Builder {
             snapshots_in_memory: true,
         })
+        .await
         .expect("storage suite, snapshots in memory");
     }
 
-    fn blank(index: u64) -> Entry<TypeConfig> {
+    fn blank(index: u64) -> Entry {
         Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            log_id: LogId::new(
+                CommittedLeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            ),
             payload: EntryPayload::Blank,
         }
     }
 
-    async fn append(log: &mut LogStore, entries: Vec<Entry<TypeConfig>>) {
+    async fn append(log: &mut LogStore, entries: Vec<Entry>) {
         log.blocking_append(entries)
             .await
             .expect("append and flush");
@@ -885,14 +877,20 @@ mod storage_tests {
         assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
     }
 
-    fn big(index: u64) -> Entry<TypeConfig> {
+    fn big(index: u64) -> Entry {
         let command = leasehold_core::Command::SaveCheckpoint {
             key: format!("k{index}"),
             fence: index,
             data: vec![index as u8; 64 * 1024],
         };
         Entry {
-            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            log_id: LogId::new(
+                CommittedLeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            ),
             payload: EntryPayload::Normal(crate::raft::Request {
                 stamp: leasehold_core::Stamp { now: 0, epoch: 1 },
                 commands: vec![command],
@@ -914,7 +912,7 @@ mod storage_tests {
                 append(&mut log, chunk.iter().map(|&i| big(i)).collect()).await;
             }
             assert_eq!(segment_count(dir.path()), 3);
-            log.purge(*big(280).get_log_id()).await.unwrap();
+            log.purge(big(280).log_id).await.unwrap();
             // Flushed after the purge, so the purge is done when it returns.
             append(&mut log, vec![big(301)]).await;
         }
@@ -987,8 +985,8 @@ mod storage_tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut log = LogStore::open(dir.path()).expect("open");
         append(&mut log, (1..=200).map(blank).collect()).await;
-        log.truncate(*blank(190).get_log_id()).await.unwrap();
-        log.purge(*blank(5).get_log_id()).await.unwrap();
+        log.truncate_after(Some(blank(189).log_id)).await.unwrap();
+        log.purge(blank(5).log_id).await.unwrap();
         log.applied_index().store(180, Ordering::Relaxed);
         append(&mut log, (190..=210).map(blank).collect()).await;
         let in_memory = log.entries_in_memory();
@@ -1028,7 +1026,7 @@ mod storage_tests {
             log.blocking_append(vec![blank(2)]).await.is_err(),
             "a write after a failed one was taken"
         );
-        assert!(log.purge(*blank(1).get_log_id()).await.is_err());
+        assert!(log.purge(blank(1).log_id).await.is_err());
     }
 
     #[tokio::test]
@@ -1037,8 +1035,8 @@ mod storage_tests {
         {
             let mut log = LogStore::open(dir.path()).expect("open");
             append(&mut log, (1..=10).map(blank).collect()).await;
-            log.truncate(*blank(8).get_log_id()).await.unwrap();
-            log.purge(*blank(3).get_log_id()).await.unwrap();
+            log.truncate_after(Some(blank(7).log_id)).await.unwrap();
+            log.purge(blank(3).log_id).await.unwrap();
             append(&mut log, vec![blank(8)]).await;
         }
         let mut log = LogStore::open(dir.path()).expect("reopen");
@@ -1053,6 +1051,4 @@ mod storage_tests {
         let state = log.get_log_state().await.unwrap();
         assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
     }
-
-    use openraft::RaftLogId;
 }

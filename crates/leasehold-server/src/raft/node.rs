@@ -21,18 +21,18 @@ use parking_lot::Mutex;
 use std::time::Duration;
 
 use anyhow::Context;
-use openraft::error::{InitializeError, RaftError};
+use openraft::errors::{InitializeError, RaftError};
 use openraft::storage::RaftLogStorage;
-use openraft::{BasicNode, Config, Raft, SnapshotPolicy};
+use openraft::{BasicNode, Config, SnapshotPolicy};
 use tokio::sync::mpsc;
 
 use super::batch::MAX_BATCH;
 use super::leadership::{system_clock, Clock};
 use super::log_store::LogStore;
-use super::peer::{Campaigns, GrpcTransport, Heard, PeerNetwork, Transport};
+use super::peer::{GrpcTransport, Heard, PeerNetwork, Transport};
 use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
-use super::{Consensus, NodeId, TypeConfig};
+use super::{Consensus, NodeId, Raft, TypeConfig};
 use crate::context::NodeContext;
 
 /// Tuning for the Raft node.
@@ -105,6 +105,18 @@ fn raft_config(options: &RaftOptions) -> anyhow::Result<Arc<Config>> {
         // loaded machine.
         install_snapshot_timeout: 2_000,
         snapshot_max_chunk_size: options.snapshot_chunk_bytes,
+        // A member whose data dir was lost comes back empty under its id:
+        // the leader starts over with it (a snapshot) instead of stopping.
+        allow_log_reversion: Some(true),
+        // A node asks before it campaigns, and only raises its term if a
+        // majority would vote for it: a member cut off and healed, or one
+        // whose log is behind, no longer deposes a healthy leader.
+        enable_pre_vote: Some(true),
+        // A leader that restarts campaigns again instead of resuming in its
+        // old term. Resumed, its read index starts at the first entry of the
+        // term and so misses what it committed before it stopped (the
+        // simulation found stale reads after a power loss, seed 204).
+        enable_leader_restore: Some(false),
         ..Default::default()
     };
     Ok(Arc::new(config.validate().context("validate raft config")?))
@@ -156,7 +168,6 @@ impl Consensus {
             spec.members.keys().collect::<Vec<_>>()
         );
         let shared = sm.shared.clone();
-        let campaigns = Arc::new(Campaigns::default());
         // Twenty heartbeats, and at least a second: a member that misses a
         // few on a loaded machine is not reported cut off.
         let heard = Arc::new(Heard::new(
@@ -165,7 +176,6 @@ impl Consensus {
         let network = PeerNetwork {
             transport: transport.clone(),
             snapshot_chunks: shared.context.metrics.snapshot_chunks.clone(),
-            campaigns: campaigns.clone(),
             heard: heard.clone(),
         };
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
@@ -182,21 +192,15 @@ impl Consensus {
             proposals,
             transport,
             heard,
+            incoming: Arc::default(),
             removed: Arc::default(),
             id: spec.id,
         };
-        let rejoined = consensus.form_group(&spec).await?;
-        let hold_off = if rejoined {
-            (options.election_timeout.1 * 5).max(Duration::from_secs(1))
-        } else {
-            Duration::ZERO
-        };
-        tokio::spawn(consensus.clone().allow_elections(hold_off));
-        tokio::spawn(
-            consensus
-                .clone()
-                .back_off_hopeless_campaigns(campaigns, options.election_timeout.1 * 5),
-        );
+        consensus.form_group(&spec).await?;
+        // Pre-vote keeps a restarted member, or one whose log is behind,
+        // from deposing a healthy leader: it campaigns only if a majority
+        // would vote for it.
+        consensus.allow_campaigns();
         tokio::spawn(
             consensus
                 .clone()
@@ -216,8 +220,7 @@ impl Consensus {
     }
 
     /// Initializes the group if this node is the one to (see the module doc).
-    /// True if the data dir already held a group (a restart).
-    async fn form_group(&self, spec: &NodeSpec) -> anyhow::Result<bool> {
+    async fn form_group(&self, spec: &NodeSpec) -> anyhow::Result<()> {
         // Asked first: openraft logs an error for an initialize it refuses,
         // and a restart is not an error.
         if self
@@ -227,12 +230,12 @@ impl Consensus {
             .context("read raft state")?
         {
             tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
-            return Ok(true);
+            return Ok(());
         }
         let lowest = spec.members.keys().next().copied();
         if lowest != Some(spec.id) {
             tracing::info!(id = spec.id, "new node: waiting for a leader to contact it");
-            return Ok(false);
+            return Ok(());
         }
         for (&id, addr) in spec.members.iter().filter(|(&id, _)| id != spec.id) {
             if self.probe(id, addr).await.is_some_and(|p| p.initialized) {
@@ -241,7 +244,7 @@ impl Consensus {
                     peer = id,
                     "this node's data dir is empty but its peers already form a group: not initializing; the leader will bring it back"
                 );
-                return Ok(false);
+                return Ok(());
             }
         }
         let members: BTreeMap<NodeId, BasicNode> = spec
@@ -258,78 +261,13 @@ impl Consensus {
             Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
             Err(e) => return Err(e).context("initialize raft group"),
         }
-        Ok(false)
-    }
-
-    /// Lets this node start elections after `hold_off` (at once if it is
-    /// the only voter).
-    ///
-    /// openraft 0.9 has no pre-vote: a node that campaigns raises its term
-    /// even when no one will vote for it, and the leader steps down when it
-    /// sees that term. A restarted member may not hear from the leader for a
-    /// while (the leader retries a peer it lost with a backoff of up to
-    /// 500 ms, and a node that led before it died first tries to lead again
-    /// in its old term), and campaigning then would depose a healthy leader
-    /// on every restart of a member. So a restarted node only follows for
-    /// `hold_off`; if a whole group restarted, someone campaigns after it.
-    async fn allow_elections(self, hold_off: Duration) {
-        let voters = {
-            let m = self.raft.metrics();
-            let m = m.borrow();
-            m.membership_config.membership().voter_ids().count()
-        };
-        if voters > 1 && !hold_off.is_zero() {
-            tokio::time::sleep(hold_off).await;
-        }
-        self.allow_campaigns();
+        Ok(())
     }
 
     /// Lets openraft campaign again, unless this node was removed.
     pub(super) fn allow_campaigns(&self) {
         let removed = self.removed.load(std::sync::atomic::Ordering::SeqCst);
         self.raft.runtime_config().elect(!removed);
-    }
-
-    /// Stops campaigning for `pause` when a majority of the voters refused
-    /// this node's vote because their logs are newer than its own.
-    ///
-    /// Such a node cannot win, and openraft 0.9 has no pre-vote: each
-    /// campaign raises its term, and a leader that then hears the higher
-    /// term (in its answer to an append) steps down. A member that missed
-    /// entries, its own removal among them (a removed member the leader adds
-    /// back is sent appends again), would otherwise depose every leader in
-    /// turn and keep the group from serving. While paused it still follows a
-    /// leader that contacts it, and catches up. A node with the newest log is
-    /// never refused for its log, so some node can always still win.
-    async fn back_off_hopeless_campaigns(self, campaigns: Arc<Campaigns>, pause: Duration) {
-        let mut paused_for = 0;
-        loop {
-            campaigns.changed.notified().await;
-            let (term, refused) = campaigns.latest();
-            if term <= paused_for {
-                continue;
-            }
-            let voters: Vec<NodeId> = {
-                let m = self.raft.metrics();
-                let m = m.borrow();
-                m.membership_config.membership().voter_ids().collect()
-            };
-            let refusals = voters.iter().filter(|v| refused.contains(v)).count();
-            // It wins with a majority; these refusals leave it fewer.
-            if voters.len() - refusals > voters.len() / 2 {
-                continue;
-            }
-            paused_for = term;
-            tracing::info!(
-                id = self.id,
-                term,
-                ?refused,
-                "a majority of voters have newer logs: not campaigning for {pause:?}"
-            );
-            self.raft.runtime_config().elect(false);
-            tokio::time::sleep(pause).await;
-            self.allow_campaigns();
-        }
     }
 
     /// Takes a snapshot (and so lets the log be purged) whenever the state

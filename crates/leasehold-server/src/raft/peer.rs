@@ -24,15 +24,17 @@ use futures::future::BoxFuture;
 use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
 use leasehold_proto::raft::raft_peer_server::{RaftPeer, RaftPeerServer};
 use leasehold_proto::raft::PeerMessage;
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{
+    Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::{Backoff, RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
-use openraft::Raft;
+use openraft::OptionalSend;
 use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -41,7 +43,9 @@ use tonic::{Request, Response, Status};
 
 use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
 
-use super::{Consensus, Node, NodeId, TypeConfig};
+use super::{
+    Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote,
+};
 
 /// The largest message between peers: an append of 64 entries of up to
 /// 1,024 commands each, or one 3 MiB snapshot chunk, fits with room.
@@ -77,8 +81,12 @@ pub enum PeerCall {
     Append,
     /// Raft's request for a vote.
     Vote,
-    /// One chunk of a snapshot.
+    /// Whether the peer would vote for this node, asked before campaigning.
+    PreVote,
+    /// One chunk of a snapshot ([`SnapshotChunk`]).
     Snapshot,
+    /// The leader hands leadership to the peer.
+    TransferLeader,
     /// What a node says of itself ([`ProbeReply`]), asked while forming a
     /// group and before a membership change.
     Probe,
@@ -137,7 +145,7 @@ impl Consensus {
     /// Answers a call from a peer: the encoded answer, or why the call
     /// could not be served. Every transport's server end calls this.
     pub async fn serve_peer(&self, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
-        serve(&self.raft, call, payload, |_| Ok(())).await
+        serve(&self.raft, &self.incoming, call, payload, |_| Ok(())).await
     }
 
     /// The gRPC peer service to serve beside the client API; with
@@ -146,6 +154,7 @@ impl Consensus {
     pub fn peer_service(&self, require_certificates: bool) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {
             raft: self.raft.clone(),
+            incoming: self.incoming.clone(),
             require_certificates,
         })
         .max_decoding_message_size(MAX_MESSAGE)
@@ -170,10 +179,82 @@ impl Consensus {
     }
 }
 
+/// One piece of a snapshot on its way to a peer. The pieces of one snapshot
+/// go in order; the last (`done`) installs it.
+#[derive(Serialize, Deserialize)]
+struct SnapshotChunk {
+    /// The sending leader's vote.
+    vote: Vote,
+    /// What the whole snapshot covers.
+    meta: SnapshotMeta,
+    /// Where `data` starts in the snapshot.
+    offset: u64,
+    data: Vec<u8>,
+    done: bool,
+}
+
+/// A snapshot being received: from which leader, of what, and the bytes so
+/// far.
+pub(super) struct Incoming {
+    vote: Vote,
+    meta: SnapshotMeta,
+    bytes: Vec<u8>,
+}
+
+/// The snapshot a node is receiving, if any (one at a time: a new one from
+/// offset 0 replaces it).
+pub(super) type IncomingSnapshot = Arc<Mutex<Option<Incoming>>>;
+
+/// Takes one chunk: `Ok(Some(snapshot))` once the last one has come.
+fn receive_chunk(
+    incoming: &IncomingSnapshot,
+    chunk: SnapshotChunk,
+) -> Result<Option<(Vote, Snapshot)>, String> {
+    let mut slot = incoming.lock();
+    if chunk.offset == 0 {
+        *slot = Some(Incoming {
+            vote: chunk.vote,
+            meta: chunk.meta.clone(),
+            bytes: Vec::new(),
+        });
+    }
+    let Some(current) = slot.as_mut() else {
+        return Err(format!(
+            "snapshot chunk at byte {} without its start; the leader sends it again from the start",
+            chunk.offset
+        ));
+    };
+    if current.vote != chunk.vote
+        || current.meta != chunk.meta
+        || current.bytes.len() as u64 != chunk.offset
+    {
+        return Err(format!(
+            "snapshot chunk at byte {} does not follow the {} bytes received; the leader sends it again from the start",
+            chunk.offset,
+            current.bytes.len()
+        ));
+    }
+    current.bytes.extend_from_slice(&chunk.data);
+    if !chunk.done {
+        return Ok(None);
+    }
+    let Some(done) = slot.take() else {
+        return Ok(None);
+    };
+    Ok(Some((
+        done.vote,
+        Snapshot {
+            meta: done.meta,
+            snapshot: done.bytes,
+        },
+    )))
+}
+
 /// Serves one call; `sender` checks that the node the call says it comes
 /// from (the leader or candidate in its vote) may send it.
 async fn serve(
-    raft: &Raft<TypeConfig>,
+    raft: &Raft,
+    incoming: &IncomingSnapshot,
     call: PeerCall,
     payload: &[u8],
     sender: impl Fn(NodeId) -> Result<(), String>,
@@ -181,22 +262,39 @@ async fn serve(
     match call {
         PeerCall::Append => {
             let rpc: AppendEntriesRequest<TypeConfig> = decode(payload)?;
-            sender(rpc.vote.leader_id().node_id)?;
+            sender(rpc.vote.leader_id.node_id)?;
             encode(&raft.append_entries(rpc).await)
         }
         PeerCall::Vote => {
-            let rpc: VoteRequest<NodeId> = decode(payload)?;
-            sender(rpc.vote.leader_id().node_id)?;
+            let rpc: VoteRequest<TypeConfig> = decode(payload)?;
+            sender(rpc.vote.leader_id.node_id)?;
             encode(&raft.vote(rpc).await)
         }
+        PeerCall::PreVote => {
+            let rpc: VoteRequest<TypeConfig> = decode(payload)?;
+            sender(rpc.vote.leader_id.node_id)?;
+            encode(&raft.pre_vote(rpc).await)
+        }
         PeerCall::Snapshot => {
-            let rpc: InstallSnapshotRequest<TypeConfig> = decode(payload)?;
-            sender(rpc.vote.leader_id().node_id)?;
-            encode(&raft.install_snapshot(rpc).await)
+            let chunk: SnapshotChunk = decode(payload)?;
+            sender(chunk.vote.leader_id.node_id)?;
+            let answer: Result<Option<SnapshotResponse<TypeConfig>>, Fatal<TypeConfig>> =
+                match receive_chunk(incoming, chunk)? {
+                    Some((vote, snapshot)) => {
+                        raft.install_full_snapshot(vote, snapshot).await.map(Some)
+                    }
+                    None => Ok(None),
+                };
+            encode(&answer)
+        }
+        PeerCall::TransferLeader => {
+            let rpc: TransferLeaderRequest<TypeConfig> = decode(payload)?;
+            sender(rpc.from_leader().leader_id.node_id)?;
+            encode(&raft.handle_transfer_leader(rpc).await)
         }
         PeerCall::Probe => {
             let initialized = raft.is_initialized().await.map_err(|e| e.to_string())?;
-            let m = raft.metrics().borrow().clone();
+            let m = raft.metrics().borrow_watched().clone();
             encode(&ProbeReply {
                 initialized,
                 term: m.current_term,
@@ -204,9 +302,9 @@ async fn serve(
             })
         }
         PeerCall::Membership => {
-            let m = raft.metrics().borrow().clone();
+            let m = raft.metrics().borrow_watched().clone();
             let index = m.membership_config.log_id().as_ref().map(|l| l.index);
-            let applied = m.last_applied.map(|l| l.index);
+            let applied = m.last_applied.as_ref().map(|l| l.index);
             encode(&MembershipReply {
                 index,
                 committed: index.is_some() && index <= applied,
@@ -223,7 +321,8 @@ async fn serve(
 
 /// The gRPC server end, over this node's Raft.
 pub struct PeerService {
-    raft: Raft<TypeConfig>,
+    raft: Raft,
+    incoming: IncomingSnapshot,
     require_certificates: bool,
 }
 
@@ -252,7 +351,8 @@ impl PeerService {
             }
             _ => Ok(()),
         };
-        match serve(&self.raft, call, &request.get_ref().bincode, sender).await {
+        let payload = &request.get_ref().bincode;
+        match serve(&self.raft, &self.incoming, call, payload, sender).await {
             Ok(bincode) => Ok(Response::new(PeerMessage { bincode })),
             Err(e) if refused.get().is_some() => Err(Status::permission_denied(e)),
             Err(e) => Err(Status::invalid_argument(e)),
@@ -273,11 +373,25 @@ impl RaftPeer for PeerService {
         self.answer(PeerCall::Vote, request).await
     }
 
+    async fn pre_vote(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::PreVote, request).await
+    }
+
     async fn install_snapshot(
         &self,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         self.answer(PeerCall::Snapshot, request).await
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::TransferLeader, request).await
     }
 
     async fn probe(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
@@ -458,7 +572,9 @@ impl Transport for GrpcTransport {
             let reply = match call {
                 PeerCall::Append => client.append_entries(message).await,
                 PeerCall::Vote => client.vote(message).await,
+                PeerCall::PreVote => client.pre_vote(message).await,
                 PeerCall::Snapshot => client.install_snapshot(message).await,
+                PeerCall::TransferLeader => client.transfer_leader(message).await,
                 PeerCall::Probe => client.probe(message).await,
                 PeerCall::Membership => client.membership(message).await,
             };
@@ -493,41 +609,6 @@ fn reason(status: &Status) -> String {
         source = e.source();
     }
     why
-}
-
-/// The peers that refused this node's vote requests because their logs are
-/// newer than its own, in its latest campaign: a node behind a majority
-/// cannot win, and only raises the term the others must then follow (see
-/// `Consensus::back_off_hopeless_campaigns`).
-#[derive(Default)]
-pub(super) struct Campaigns {
-    /// The term of the latest campaign, and who refused it for its log.
-    refused: Mutex<(u64, std::collections::BTreeSet<NodeId>)>,
-    /// Signalled at each such refusal.
-    pub changed: tokio::sync::Notify,
-}
-
-impl Campaigns {
-    fn refused_by(&self, term: u64, peer: NodeId) {
-        {
-            let mut refused = self.refused.lock();
-            // A late answer to an earlier campaign says nothing of this one,
-            // and must not wipe the refusals this one already counted.
-            if term < refused.0 {
-                return;
-            }
-            if term > refused.0 {
-                *refused = (term, Default::default());
-            }
-            refused.1.insert(peer);
-        }
-        self.changed.notify_one();
-    }
-
-    /// The latest campaign's term and the peers that refused it for its log.
-    pub fn latest(&self) -> (u64, std::collections::BTreeSet<NodeId>) {
-        self.refused.lock().clone()
-    }
 }
 
 /// When each peer last answered one of this node's Raft calls: on the
@@ -567,8 +648,6 @@ pub(super) struct PeerNetwork {
     pub transport: Arc<dyn Transport>,
     /// Counts the snapshot chunks sent (a metric).
     pub snapshot_chunks: Counter,
-    /// Vote refusals for a log behind the voter's.
-    pub campaigns: Arc<Campaigns>,
     /// When each peer last answered.
     pub heard: Arc<Heard>,
 }
@@ -582,7 +661,6 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             addr: node.addr.clone(),
             transport: self.transport.clone(),
             snapshot_chunks: self.snapshot_chunks.clone(),
-            campaigns: self.campaigns.clone(),
             heard: self.heard.clone(),
         }
     }
@@ -594,7 +672,6 @@ pub(super) struct PeerClient {
     addr: String,
     transport: Arc<dyn Transport>,
     snapshot_chunks: Counter,
-    campaigns: Arc<Campaigns>,
     heard: Arc<Heard>,
 }
 
@@ -607,94 +684,141 @@ struct PeerError {
 }
 
 impl PeerClient {
+    fn error(&self, message: String) -> PeerError {
+        PeerError {
+            target: self.target,
+            addr: self.addr.clone(),
+            message,
+        }
+    }
+
+    /// Sends `request` and decodes the answer, waiting at most `within`.
+    /// A peer whose Raft answers with an error (it has stopped) counts as
+    /// unreachable: openraft backs off from it as from one that is down.
     async fn call<Req, Resp, E>(
         &mut self,
         call: PeerCall,
         request: &Req,
-        option: &RPCOption,
-    ) -> Result<Resp, RPCError<NodeId, Node, RaftError<NodeId, E>>>
+        within: Duration,
+    ) -> Result<Resp, RPCError<TypeConfig>>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
+        E: std::error::Error + DeserializeOwned + 'static,
     {
-        let error = |message: String| PeerError {
-            target: self.target,
-            addr: self.addr.clone(),
-            message,
+        let network = |this: &Self, message: String| {
+            RPCError::Network(NetworkError::new(&this.error(message)))
         };
-        let network = |message: String| RPCError::Network(NetworkError::new(&error(message)));
-        let payload = encode(request).map_err(network)?;
+        let payload = encode(request).map_err(|m| network(self, m))?;
         let sent = self.transport.call(self.target, &self.addr, call, payload);
-        let reply = match tokio::time::timeout(option.soft_ttl(), sent).await {
+        let reply = match tokio::time::timeout(within, sent).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(TransportError::Unreachable(message))) => {
-                return Err(RPCError::Unreachable(Unreachable::new(&error(message))))
+                return Err(RPCError::Unreachable(Unreachable::new(
+                    &self.error(message),
+                )))
             }
-            Ok(Err(TransportError::Failed(message))) => return Err(network(message)),
-            Err(_) => return Err(network(format!("no answer within {:?}", option.soft_ttl()))),
+            Ok(Err(TransportError::Failed(message))) => return Err(network(self, message)),
+            Err(_) => return Err(network(self, format!("no answer within {within:?}"))),
         };
         // Any answer, a refusal included, shows the peer is up and reachable.
         self.heard.answered(self.target);
-        let answer: Result<Resp, RaftError<NodeId, E>> = decode(&reply).map_err(network)?;
-        answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        let answer: Result<Resp, E> = decode(&reply).map_err(|m| network(self, m))?;
+        answer.map_err(|e| RPCError::Unreachable(Unreachable::new(&self.error(e.to_string()))))
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        self.call(PeerCall::Append, &rpc, &option).await
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, Node, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        self.snapshot_chunks.inc();
-        self.call(PeerCall::Snapshot, &rpc, &option).await
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call::<_, _, RaftError<TypeConfig>>(PeerCall::Append, &rpc, option.soft_ttl())
+            .await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, Node, RaftError<NodeId>>> {
-        let answer: VoteResponse<NodeId> = self.call(PeerCall::Vote, &rpc, &option).await?;
-        if !answer.vote_granted && answer.last_log_id > rpc.last_log_id {
-            self.campaigns
-                .refused_by(rpc.vote.leader_id().term, self.target);
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call::<_, _, RaftError<TypeConfig>>(PeerCall::Vote, &rpc, option.soft_ttl())
+            .await
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call::<_, _, RaftError<TypeConfig>>(PeerCall::PreVote, &rpc, option.soft_ttl())
+            .await
+    }
+
+    /// Sends the snapshot in chunks of at most `--snapshot-chunk-bytes`, each
+    /// with the time openraft allows a whole install, and stops at once when
+    /// replication to this peer ends.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let size = option.snapshot_chunk_size().unwrap_or(3 << 20).max(1);
+        let within = option.hard_ttl();
+        let Snapshot { meta, snapshot } = snapshot;
+        let total = snapshot.len();
+        let mut cancel = std::pin::pin!(cancel);
+        let mut offset = 0;
+        loop {
+            let end = (offset + size).min(total);
+            let chunk = SnapshotChunk {
+                vote,
+                meta: meta.clone(),
+                offset: offset as u64,
+                data: snapshot[offset..end].to_vec(),
+                done: end == total,
+            };
+            self.snapshot_chunks.inc();
+            let answer = tokio::select! {
+                closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+                answer = self.call::<_, Option<SnapshotResponse<TypeConfig>>, Fatal<TypeConfig>>(
+                    PeerCall::Snapshot,
+                    &chunk,
+                    within,
+                ) => answer?,
+            };
+            // An answer before the end: the peer refused (a newer vote).
+            if let Some(answer) = answer {
+                return Ok(answer);
+            }
+            if end == total {
+                return Err(StreamingError::Network(NetworkError::new(&self.error(
+                    "the last snapshot chunk was not answered with an install".into(),
+                ))));
+            }
+            offset = end;
         }
-        Ok(answer)
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.call::<_, _, Fatal<TypeConfig>>(PeerCall::TransferLeader, &rpc, option.soft_ttl())
+            .await
     }
 
     /// 100, 200, 400 ms, then every 500 ms: a restarted peer hears from the
     /// leader within half a second (see `node::allow_elections`).
-    fn backoff(&self) -> Backoff {
-        Backoff::new((0..).map(|i: u32| Duration::from_millis((100u64 << i.min(3)).min(500))))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refusals_count_per_campaign_and_a_late_answer_from_an_earlier_one_is_ignored() {
-        let campaigns = Campaigns::default();
-        campaigns.refused_by(7, 2);
-        campaigns.refused_by(8, 2);
-        campaigns.refused_by(8, 3);
-        campaigns.refused_by(7, 4);
-        let (term, refused) = campaigns.latest();
-        assert_eq!(term, 8);
-        assert_eq!(refused.into_iter().collect::<Vec<_>>(), vec![2, 3]);
+    fn backoff(&self) -> Option<Backoff> {
+        Some(Backoff::new((0..).map(|i: u32| {
+            Duration::from_millis((100u64 << i.min(3)).min(500))
+        })))
     }
 }

@@ -12,14 +12,11 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use leasehold_core::LockTable;
-use openraft::SnapshotMeta;
-
 use super::disk::write_atomically;
-use super::{Node, NodeId};
+use leasehold_core::LockTable;
 
 /// A snapshot's meta (the last log id and membership it covers).
-pub type Meta = SnapshotMeta<NodeId, Node>;
+pub type Meta = super::SnapshotMeta;
 
 /// Keeps the state machine's last snapshot: the meta and the table encoded
 /// with bincode.
@@ -151,8 +148,8 @@ impl SnapshotStore for MemorySnapshots {
 
 #[cfg(test)]
 mod tests {
+    use crate::raft::{CommittedLeaderId, LogId, StoredMembership};
     use leasehold_core::{Command, Stamp};
-    use openraft::{CommittedLeaderId, LogId, StoredMembership};
 
     use super::*;
 
@@ -170,9 +167,14 @@ mod tests {
         };
         table.apply(stamp, grant, &mut events).expect("grant");
         let meta = Meta {
-            last_log_id: Some(LogId::new(CommittedLeaderId::new(3, 1), 42)),
+            last_log_id: Some(LogId::new(
+                CommittedLeaderId {
+                    term: 3,
+                    node_id: 1,
+                },
+                42,
+            )),
             last_membership: StoredMembership::default(),
-            snapshot_id: "42".into(),
         };
         (meta, table)
     }

@@ -2,22 +2,20 @@
 //! [`SnapshotStore`].
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::io::{self, Cursor};
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use futures::{Stream, TryStreamExt};
 use leasehold_core::{Command, Event, LockTable, Outcome, Time};
-use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{
-    Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, SnapshotMeta, StorageError,
-    StorageIOError, StoredMembership,
-};
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::snapshot_store::{Meta, SnapshotStore};
-use super::{Node, NodeId, TypeConfig};
+use super::{Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::context::NodeContext;
 use crate::hub::Hub;
 
@@ -25,8 +23,8 @@ use crate::hub::Hub;
 #[derive(Default, Serialize, Deserialize)]
 pub(crate) struct Applied {
     pub table: LockTable,
-    pub last_applied: Option<LogId<NodeId>>,
-    pub membership: StoredMembership<NodeId, Node>,
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
 }
 
 /// One command as the state machine applied it, for an [`ApplyTap`].
@@ -138,7 +136,7 @@ impl Shared {
 
     /// About how many keys applying `entries` touches (see
     /// [`LockTable::work`]).
-    fn work(&self, entries: &[Entry<TypeConfig>]) -> usize {
+    fn work(&self, entries: &[Entry]) -> usize {
         let applied = self.read();
         entries
             .iter()
@@ -153,7 +151,7 @@ impl Shared {
 
     /// Applies `entries` in order and publishes what happened; their
     /// answers, and the encoded size of their commands.
-    fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> (Vec<Vec<Outcome>>, u64) {
+    fn apply_entries(&self, entries: Vec<Entry>) -> (Vec<Vec<Outcome>>, u64) {
         let mut outcomes = Vec::new();
         let mut events = Vec::new();
         let mut bytes = 0;
@@ -206,7 +204,7 @@ impl Shared {
                 }
                 outcomes.push(answers);
             }
-            if let Some(last) = applied.last_applied {
+            if let Some(last) = &applied.last_applied {
                 self.applied_index.store(last.index, Ordering::Relaxed);
             }
         }
@@ -300,10 +298,6 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
-fn any(e: io::Error) -> openraft::AnyError {
-    openraft::AnyError::new(&e)
-}
-
 impl StateMachine {
     /// Opens the state machine, restoring the last snapshot in `snapshots`
     /// if there is one.
@@ -322,7 +316,7 @@ impl StateMachine {
             None => Applied::default(),
         };
         applied_index.store(
-            applied.last_applied.map_or(0, |l| l.index),
+            applied.last_applied.as_ref().map_or(0, |l| l.index),
             Ordering::Relaxed,
         );
         Ok(StateMachine {
@@ -344,79 +338,18 @@ impl StateMachine {
         })
     }
 
-    /// Shows every entry applied from now on to `tap` (once; a second tap is
-    /// ignored).
-    pub fn tap(&self, tap: ApplyTap) {
-        let _ = self.shared.tap.set(tap);
-    }
-}
-
-/// Builds a snapshot from the table as it was when the builder was made.
-///
-/// The table is serialized while the apply path waits (a million locks take
-/// tens of milliseconds), rather than cloned: a clone of a big table is as
-/// slow to make and leaves the allocator with a heap of freed small blocks
-/// after every snapshot (measured: ~60 bytes per held lock of resident memory
-/// that never went back), where the serialized bytes are one buffer.
-pub struct Builder {
-    parts: Option<io::Result<SnapshotParts>>,
-    snapshots: Arc<dyn SnapshotStore>,
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for Builder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let parts = self
-            .parts
-            .take()
-            .unwrap_or_else(|| Err(io_err("this snapshot was already built")));
-        let snapshots = self.snapshots.clone();
-        let save = move || -> io::Result<SnapshotParts> {
-            let (meta, data) = parts?;
-            snapshots.save(&meta, &data)?;
-            Ok((meta, data))
-        };
-        let result = off_the_runtime(self.snapshots.save_blocks(), save).await;
-        let (meta, data) = result
-            .and_then(|r| r)
-            .map_err(|e| StorageIOError::write_snapshot(None, any(e)))?;
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        })
-    }
-}
-
-impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = Builder;
-
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, Node>), StorageError<NodeId>> {
-        let applied = self.shared.read();
-        Ok((applied.last_applied, applied.membership.clone()))
-    }
-
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError<NodeId>>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let entries: Vec<_> = entries.into_iter().collect();
+    /// Applies `entries` in order: the answers to their commands, an entry's
+    /// list empty for one without commands.
+    async fn apply_all(&mut self, entries: Vec<Entry>) -> io::Result<Vec<Vec<Outcome>>> {
         let work = if self.shared.blocks() {
             self.shared.work(&entries)
         } else {
             0
         };
         let (outcomes, bytes) = if work > HEAVY_KEYS {
-            let last = entries.last().map(|e| e.log_id);
             let started = Instant::now();
             let shared = self.shared.clone();
-            let applied = off_the_runtime(true, move || shared.apply_entries(entries))
-                .await
-                .map_err(|e| match last {
-                    Some(log_id) => StorageIOError::apply(log_id, any(e)),
-                    None => StorageIOError::write_state_machine(any(e)),
-                })?;
+            let applied = off_the_runtime(true, move || shared.apply_entries(entries)).await?;
             tracing::info!(
                 keys = work,
                 took = ?started.elapsed(),
@@ -446,6 +379,73 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(outcomes)
     }
 
+    /// Shows every entry applied from now on to `tap` (once; a second tap is
+    /// ignored).
+    pub fn tap(&self, tap: ApplyTap) {
+        let _ = self.shared.tap.set(tap);
+    }
+}
+
+/// Builds a snapshot from the table as it was when the builder was made.
+///
+/// The table is serialized while the apply path waits (a million locks take
+/// tens of milliseconds), rather than cloned: a clone of a big table is as
+/// slow to make and leaves the allocator with a heap of freed small blocks
+/// after every snapshot (measured: ~60 bytes per held lock of resident memory
+/// that never went back), where the serialized bytes are one buffer.
+pub struct Builder {
+    parts: Option<io::Result<SnapshotParts>>,
+    snapshots: Arc<dyn SnapshotStore>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Builder {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
+        let parts = self
+            .parts
+            .take()
+            .unwrap_or_else(|| Err(io_err("this snapshot was already built")));
+        let snapshots = self.snapshots.clone();
+        let save = move || -> io::Result<SnapshotParts> {
+            let (meta, data) = parts?;
+            snapshots.save(&meta, &data)?;
+            Ok((meta, data))
+        };
+        let (meta, data) = off_the_runtime(self.snapshots.save_blocks(), save).await??;
+        Ok(Snapshot {
+            meta,
+            snapshot: data,
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = Builder;
+
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
+        let applied = self.shared.read();
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<S>(&mut self, entries: S) -> io::Result<()>
+    where
+        S: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + OptionalSend,
+    {
+        let (entries, responders): (Vec<Entry>, Vec<_>) =
+            entries.try_collect::<Vec<_>>().await?.into_iter().unzip();
+        let outcomes = self.apply_all(entries).await?;
+        // Every entry proposed here waits for its answer, membership
+        // changes (no outcomes) included.
+        for (responder, answer) in responders.into_iter().zip(outcomes) {
+            if let Some(responder) = responder {
+                responder.send(answer);
+            }
+        }
+        Ok(())
+    }
+
     /// Serializes the table as it stands. Nothing is applied meanwhile: the
     /// state machine is this very call's caller. Reads of the table go on,
     /// and so does the rest of the node (off the runtime thread).
@@ -466,10 +466,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let meta = SnapshotMeta {
                 last_log_id: applied.last_applied,
                 last_membership: applied.membership.clone(),
-                snapshot_id: format!("{}", applied.last_applied.map_or(0, |l| l.index)),
             };
             tracing::debug!(
-                index = applied.last_applied.map_or(0, |l| l.index),
+                index = applied.last_applied.as_ref().map_or(0, |l| l.index),
                 bytes = data.len(),
                 took = ?started.elapsed(),
                 "snapshot serialized"
@@ -485,18 +484,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, Node>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<NodeId>> {
-        let data = snapshot.into_inner();
+        meta: &SnapshotMeta,
+        data: SnapshotData,
+    ) -> io::Result<()> {
         // It stands for a snapshot this node took: the next is due as if so.
         self.shared.since_snapshot.store(0, Ordering::Relaxed);
         self.shared.bytes_since_snapshot.store(0, Ordering::Relaxed);
@@ -505,33 +497,23 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .store(data.len() as u64, Ordering::Relaxed);
         let snapshots = self.shared.snapshots.clone();
         let stored = meta.clone();
-        // Decoded and stored off the runtime thread (see `off_the_runtime`);
-        // `Err((true, _))`: the bytes are not a table.
-        let decode_and_store = move || -> Result<LockTable, (bool, io::Error)> {
-            let table: LockTable = bincode::deserialize(&data).map_err(|e| (true, io_err(e)))?;
-            snapshots.save(&stored, &data).map_err(|e| (false, e))?;
+        // Decoded and stored off the runtime thread (see `off_the_runtime`).
+        let decode_and_store = move || -> io::Result<LockTable> {
+            let table: LockTable = bincode::deserialize(&data)
+                .map_err(|e| io_err(format!("the snapshot sent is not a lock table: {e}")))?;
+            snapshots.save(&stored, &data)?;
             Ok(table)
         };
-        let table = off_the_runtime(self.shared.blocks(), decode_and_store)
-            .await
-            .map_err(|e| (false, e))
-            .and_then(|r| r)
-            .map_err(|(undecodable, e)| {
-                let signature = Some(meta.signature());
-                if undecodable {
-                    StorageIOError::read_snapshot(signature, any(e))
-                } else {
-                    StorageIOError::write_snapshot(signature, any(e))
-                }
-            })?;
+        let table = off_the_runtime(self.shared.blocks(), decode_and_store).await??;
         let replaced = {
             let mut applied = self.shared.write();
             let replaced = std::mem::replace(&mut applied.table, table);
             applied.last_applied = meta.last_log_id;
             applied.membership = meta.last_membership.clone();
-            self.shared
-                .applied_index
-                .store(meta.last_log_id.map_or(0, |l| l.index), Ordering::Relaxed);
+            self.shared.applied_index.store(
+                meta.last_log_id.as_ref().map_or(0, |l| l.index),
+                Ordering::Relaxed,
+            );
             replaced
         };
         // Freeing a big table takes as long as building it.
@@ -541,18 +523,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
         let snapshots = self.shared.snapshots.clone();
-        let file = off_the_runtime(self.shared.blocks(), move || snapshots.read())
-            .await
-            .and_then(|r| r)
-            .map_err(|e| StorageIOError::read_snapshot(None, any(e)))?;
-        Ok(file.map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        }))
+        let file = off_the_runtime(self.shared.blocks(), move || snapshots.read()).await??;
+        Ok(file.map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
 }
 
@@ -561,24 +535,29 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use leasehold_core::Stamp;
-    use openraft::CommittedLeaderId;
 
     use super::*;
     use crate::raft::snapshot_store::{FileSnapshots, MemorySnapshots};
-    use crate::raft::Request;
+    use crate::raft::{CommittedLeaderId, Request};
 
     fn open(snapshots: Arc<dyn SnapshotStore>, snapshot_every: u64) -> StateMachine {
         StateMachine::open(snapshots, Arc::default(), snapshot_every, Arc::default()).expect("open")
     }
 
     /// One log entry at `index` carrying `commands`.
-    fn entry(index: u64, commands: Vec<Command>) -> Entry<TypeConfig> {
+    fn entry(index: u64, commands: Vec<Command>) -> Entry {
         let stamp = Stamp {
             now: 1_000 + index,
             epoch: 1,
         };
         Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            log_id: LogId::new(
+                CommittedLeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index,
+            ),
             payload: EntryPayload::Normal(Request { stamp, commands }),
         }
     }
@@ -601,7 +580,7 @@ mod tests {
         sm.shared.snapshot_requested.load(Ordering::Relaxed)
     }
 
-    fn size_of(entry: &Entry<TypeConfig>) -> u64 {
+    fn size_of(entry: &Entry) -> u64 {
         match &entry.payload {
             EntryPayload::Normal(request) => bincode::serialized_size(request).unwrap(),
             _ => 0,
@@ -610,21 +589,27 @@ mod tests {
 
     async fn snapshot(sm: &mut StateMachine) -> usize {
         let built = sm.get_snapshot_builder().await.build_snapshot().await;
-        built.expect("build").snapshot.into_inner().len()
+        built.expect("build").snapshot.len()
     }
 
     #[tokio::test]
     async fn a_big_table_is_snapshotted_once_the_log_since_is_as_large() {
         let mut sm = open(Arc::new(MemorySnapshots::default()), 100);
         // The first snapshot comes after `snapshot_every` commands...
-        sm.apply([entry(1, grants(0, 99))]).await.expect("apply");
+        sm.apply_all(vec![entry(1, grants(0, 99))])
+            .await
+            .expect("apply");
         assert!(!due(&sm));
-        sm.apply([entry(2, grants(99, 1))]).await.expect("apply");
+        sm.apply_all(vec![entry(2, grants(99, 1))])
+            .await
+            .expect("apply");
         assert!(due(&sm));
         let size = snapshot(&mut sm).await as u64;
         assert_eq!(sm.shared.last_snapshot_bytes.load(Ordering::Relaxed), size);
         // ... and after a small one, the next as many commands later.
-        sm.apply([entry(3, ticks(100))]).await.expect("apply");
+        sm.apply_all(vec![entry(3, ticks(100))])
+            .await
+            .expect("apply");
         assert!(due(&sm), "100 ticks after a {size}-byte snapshot");
         snapshot(&mut sm).await;
 
@@ -634,13 +619,13 @@ mod tests {
         sm.shared.last_snapshot_bytes.store(big, Ordering::Relaxed);
         let ticked = entry(4, ticks(1_000));
         let mut written = size_of(&ticked);
-        sm.apply([ticked]).await.expect("apply");
+        sm.apply_all(vec![ticked]).await.expect("apply");
         assert!(!due(&sm), "1,000 ticks against a {big}-byte snapshot");
         let mut index = 5;
         while !due(&sm) {
             let granted = entry(index, grants(index as usize * 1_000, 1_000));
             written += size_of(&granted);
-            sm.apply([granted]).await.expect("apply");
+            sm.apply_all(vec![granted]).await.expect("apply");
             index += 1;
             assert!(written < 2 * big, "not due after {written} bytes");
         }
@@ -653,7 +638,7 @@ mod tests {
         let mut sm = open(Arc::new(FileSnapshots::in_dir(dir.path())), 1_000);
         for batch in 0..50 {
             let commands = grants(batch * 1_000, 1_000);
-            sm.apply([entry(batch as u64 + 1, commands)])
+            sm.apply_all(vec![entry(batch as u64 + 1, commands)])
                 .await
                 .expect("apply");
         }
@@ -747,7 +732,7 @@ mod tests {
     async fn apply_watched(sm: &mut StateMachine, index: u64, command: Command) -> (bool, Outcome) {
         let (ran, reader) = hold_until_a_task_runs(&sm.shared, false);
         let mut outcomes = sm
-            .apply([entry(index, vec![command])])
+            .apply_all(vec![entry(index, vec![command])])
             .await
             .expect("apply");
         reader.join().expect("reader");
@@ -763,14 +748,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut sm = open(Arc::new(FileSnapshots::in_dir(dir.path())), 1_000_000);
         let many = HEAVY_KEYS + 1;
-        sm.apply([entry(1, grants(0, 2))]).await.expect("apply");
-        sm.apply([entry(2, acquires(1, "many", many))])
+        sm.apply_all(vec![entry(1, grants(0, 2))])
+            .await
+            .expect("apply");
+        sm.apply_all(vec![entry(2, acquires(1, "many", many))])
             .await
             .expect("apply");
         assert_eq!(sm.shared.read().table.held_count(), many);
 
         // Lease 2 holds a few keys: ending it stays inline.
-        sm.apply([entry(3, acquires(2, "few", 3))])
+        sm.apply_all(vec![entry(3, acquires(2, "few", 3))])
             .await
             .expect("apply");
         let (ran, _) = apply_watched(&mut sm, 4, Command::Revoke { lease: 2 }).await;
@@ -797,7 +784,13 @@ mod tests {
             let shared = shared.clone();
             move || {
                 let mut applied = shared.write();
-                applied.last_applied = Some(LogId::new(CommittedLeaderId::new(1, 1), 7));
+                applied.last_applied = Some(LogId::new(
+                    CommittedLeaderId {
+                        term: 1,
+                        node_id: 1,
+                    },
+                    7,
+                ));
                 taken_tx.send(()).expect("send");
                 go_rx.recv().expect("go");
             }

@@ -31,6 +31,16 @@ impl LockService {
         Ok(status)
     }
 
+    /// Hands leadership to voter `to`, or to the most caught-up follower
+    /// (admin on every key).
+    pub async fn transfer_leader(&self, to: Option<NodeId>) -> Result<ClusterStatus, ApiError> {
+        let who = self.admin_here().await?;
+        let status = self.consensus.transfer_leader(to).await?;
+        let leader = status.leader.map_or("?".to_string(), |l| l.to_string());
+        audit(&who, &format!("leadership handed to node {leader}"));
+        Ok(status)
+    }
+
     /// Checks the caller has admin on every key; who it is, for the audit log.
     async fn admin_here(&self) -> Result<String, ApiError> {
         Ok(self
