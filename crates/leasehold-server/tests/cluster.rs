@@ -655,4 +655,26 @@ async fn leadership_is_handed_over_on_request_and_before_a_clean_stop() {
     assert_eq!(h["term"].as_u64(), Some(term + 1), "one campaign: {h}");
     let (_, lock) = get(&c.nodes[now].addr, "/v1/locks/k").await;
     assert_eq!(lock["holder"]["fence"], held["fence"], "{lock}");
+
+    // The stopped node cannot take over: once it has been silent past the
+    // reachability window (20 heartbeats, at least 1 s), it is refused at
+    // once, and the leader goes on leading (a hand-over it dropped would
+    // stop writes).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let gone = c.nodes[stopping].id;
+    let (s, r) = common::post(&c.nodes[now].addr, path, json!({"to": gone})).await;
+    assert_eq!(s, 400, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unreachable")),
+        "{r}"
+    );
+    let (s, r) = common::post(
+        &c.nodes[now].addr,
+        "/v1/acquire",
+        json!({"key": "k2", "ttl_ms": 5_000}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
 }

@@ -411,7 +411,8 @@ impl Consensus {
     }
 
     /// Hands leadership to voter `to`, or to the follower that holds the
-    /// most of the log, and waits until it leads. The new leader campaigns
+    /// most of the log, and waits until another node leads (the one asked,
+    /// as a rule). The new leader campaigns
     /// at once, without waiting out an election timeout, so clients see a
     /// pause of about one round trip.
     pub async fn transfer_leader(
@@ -420,6 +421,7 @@ impl Consensus {
     ) -> Result<ClusterStatus, MembershipError> {
         self.leader_only()?;
         let to = self.transfer_target(to)?;
+        let term = self.raft.metrics().borrow_watched().current_term;
         self.raft
             .trigger()
             .transfer_leader(to)
@@ -429,7 +431,7 @@ impl Consensus {
             .raft
             .wait(Some(TRANSFER_WITHIN))
             .metrics(
-                |m| m.current_leader == Some(to) && m.current_term > 0,
+                |m| m.current_term > term && m.current_leader.is_some_and(|l| l != m.id),
                 "leadership to move",
             )
             .await;
@@ -445,8 +447,10 @@ impl Consensus {
     }
 
     /// The voter to hand leadership to: `to` if it may take it, else the
-    /// follower whose log matches the most of this one's (the lowest id
-    /// among equals).
+    /// reachable follower whose log matches the most of this one's (the
+    /// lowest id among equals). A node that is unreachable or behind would
+    /// drop the hand-over, and the leader would refuse writes until an
+    /// election: it is refused here instead.
     fn transfer_target(&self, to: Option<NodeId>) -> Result<NodeId, MembershipError> {
         let voters = self.voters();
         let others: Vec<NodeId> = voters.iter().copied().filter(|&v| v != self.id).collect();
@@ -469,26 +473,51 @@ impl Consensus {
                     format!("node {to} is not a voter; voters: {others:?}"),
                 ));
             }
-            return Ok(to);
         }
-        let matched = self
-            .raft
-            .metrics()
-            .borrow_watched()
-            .replication
-            .clone()
-            .unwrap_or_default();
+        let (matched, last) = {
+            let m = self.raft.metrics();
+            let m = m.borrow_watched();
+            (
+                m.replication.clone().unwrap_or_default(),
+                m.last_log_index.unwrap_or(0),
+            )
+        };
         let index = |id: &NodeId| {
             matched
                 .get(id)
                 .and_then(|m| m.as_ref().map(|l| l.index))
                 .unwrap_or(0)
         };
+        let ready = |id: &NodeId| {
+            let reachable = self
+                .heard
+                .since(*id)
+                .is_some_and(|ago| ago <= self.heard.within);
+            reachable && last.saturating_sub(index(id)) <= CAUGHT_UP_LAG
+        };
+        if let Some(to) = to {
+            if !ready(&to) {
+                return Err(MembershipError::invalid(
+                    "to",
+                    format!(
+                        "node {to} is unreachable or behind (it holds index {} of {last}); see `leasehold cluster status`",
+                        index(&to)
+                    ),
+                ));
+            }
+            return Ok(to);
+        }
         let best = others
             .iter()
             .copied()
+            .filter(ready)
             .max_by_key(|id| (index(id), std::cmp::Reverse(*id)));
-        best.ok_or_else(|| MembershipError::invalid("to", "no follower to hand leadership to"))
+        best.ok_or_else(|| {
+            MembershipError::invalid(
+                "to",
+                "no follower is reachable and caught up; see `leasehold cluster status`",
+            )
+        })
     }
 
     /// Whether this node learned that it was removed from the group.

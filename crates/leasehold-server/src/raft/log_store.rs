@@ -624,7 +624,12 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
         let bytes = serde_json::to_vec(vote).map_err(io_err)?;
         // Taken so that no log write is in flight beside the vote's.
-        let _writer = self.writer.lock().await;
+        let writer = self.writer.lock().await;
+        if let Some(why) = &writer.failed {
+            return Err(io_err(format!(
+                "the raft log is read-only after a failed write: {why}"
+            )));
+        }
         self.disk.write_vote(&bytes)
     }
 

@@ -177,6 +177,7 @@ impl Consensus {
             transport: transport.clone(),
             snapshot_chunks: shared.context.metrics.snapshot_chunks.clone(),
             heard: heard.clone(),
+            snapshots_sent: Arc::default(),
         };
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
             .await

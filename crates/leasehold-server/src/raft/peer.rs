@@ -187,6 +187,8 @@ struct SnapshotChunk {
     vote: Vote,
     /// What the whole snapshot covers.
     meta: SnapshotMeta,
+    /// Which sending of it (a leader may start one over).
+    sending: u64,
     /// Where `data` starts in the snapshot.
     offset: u64,
     data: Vec<u8>,
@@ -198,6 +200,7 @@ struct SnapshotChunk {
 pub(super) struct Incoming {
     vote: Vote,
     meta: SnapshotMeta,
+    sending: u64,
     bytes: Vec<u8>,
 }
 
@@ -212,9 +215,19 @@ fn receive_chunk(
 ) -> Result<Option<(Vote, Snapshot)>, String> {
     let mut slot = incoming.lock();
     if chunk.offset == 0 {
+        // A leader deposed since does not displace its successor's.
+        if let Some(current) = slot.as_ref() {
+            if chunk.vote < current.vote {
+                return Err(format!(
+                    "a snapshot from a newer leader ({}) is being received",
+                    current.vote
+                ));
+            }
+        }
         *slot = Some(Incoming {
             vote: chunk.vote,
             meta: chunk.meta.clone(),
+            sending: chunk.sending,
             bytes: Vec::new(),
         });
     }
@@ -226,12 +239,17 @@ fn receive_chunk(
     };
     if current.vote != chunk.vote
         || current.meta != chunk.meta
+        || current.sending != chunk.sending
         || current.bytes.len() as u64 != chunk.offset
     {
+        let received = current.bytes.len();
+        // The sender starts over; what came so far is of no use.
+        if current.vote == chunk.vote {
+            *slot = None;
+        }
         return Err(format!(
             "snapshot chunk at byte {} does not follow the {} bytes received; the leader sends it again from the start",
-            chunk.offset,
-            current.bytes.len()
+            chunk.offset, received
         ));
     }
     current.bytes.extend_from_slice(&chunk.data);
@@ -650,6 +668,8 @@ pub(super) struct PeerNetwork {
     pub snapshot_chunks: Counter,
     /// When each peer last answered.
     pub heard: Arc<Heard>,
+    /// Snapshots sent so far (see [`PeerClient`]).
+    pub snapshots_sent: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -661,6 +681,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             addr: node.addr.clone(),
             transport: self.transport.clone(),
             snapshot_chunks: self.snapshot_chunks.clone(),
+            snapshots_sent: self.snapshots_sent.clone(),
             heard: self.heard.clone(),
         }
     }
@@ -672,6 +693,8 @@ pub(super) struct PeerClient {
     addr: String,
     transport: Arc<dyn Transport>,
     snapshot_chunks: Counter,
+    /// Snapshots this node started sending, to tell the sendings apart.
+    snapshots_sent: Arc<std::sync::atomic::AtomicU64>,
     heard: Arc<Heard>,
 }
 
@@ -721,10 +744,17 @@ impl PeerClient {
             Ok(Err(TransportError::Failed(message))) => return Err(network(self, message)),
             Err(_) => return Err(network(self, format!("no answer within {within:?}"))),
         };
-        // Any answer, a refusal included, shows the peer is up and reachable.
-        self.heard.answered(self.target);
         let answer: Result<Resp, E> = decode(&reply).map_err(|m| network(self, m))?;
-        answer.map_err(|e| RPCError::Unreachable(Unreachable::new(&self.error(e.to_string()))))
+        match answer {
+            // Any answer of its Raft, a refusal included, shows the peer up.
+            Ok(answer) => {
+                self.heard.answered(self.target);
+                Ok(answer)
+            }
+            Err(e) => Err(RPCError::Unreachable(Unreachable::new(
+                &self.error(e.to_string()),
+            ))),
+        }
     }
 }
 
@@ -773,12 +803,16 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         let Snapshot { meta, snapshot } = snapshot;
         let total = snapshot.len();
         let mut cancel = std::pin::pin!(cancel);
+        let sending = self
+            .snapshots_sent
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut offset = 0;
         loop {
             let end = (offset + size).min(total);
             let chunk = SnapshotChunk {
                 vote,
                 meta: meta.clone(),
+                sending,
                 offset: offset as u64,
                 data: snapshot[offset..end].to_vec(),
                 done: end == total,
@@ -810,7 +844,9 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         rpc: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        self.call::<_, _, Fatal<TypeConfig>>(PeerCall::TransferLeader, &rpc, option.soft_ttl())
+        // The whole time openraft allows: the peer first waits for its log
+        // to hold the leader's last entry.
+        self.call::<_, _, Fatal<TypeConfig>>(PeerCall::TransferLeader, &rpc, option.hard_ttl())
             .await
     }
 
