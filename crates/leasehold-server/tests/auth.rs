@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{code, frame_error, frame_ok, RawFrames};
+use common::{call, code, frame_error, frame_ok, RawFrames};
 use leasehold_proto::frame::{Frame, Op};
 use leasehold_proto::v1 as pb;
 use leasehold_testkit::Cluster;
@@ -15,27 +15,6 @@ use leasehold_testkit::Leaseholdd;
 use pb::leasehold_client::LeaseholdClient;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
-
-/// One HTTP call to `addr` as `token`: the status and the JSON answer.
-async fn call(
-    method: &str,
-    addr: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-    let mut request = reqwest::Client::new().request(method, format!("http://{addr}{path}"));
-    if let Some(t) = token {
-        request = request.bearer_auth(t);
-    }
-    if let Some(b) = body {
-        request = request.json(&b);
-    }
-    let r = request.send().await.expect("send");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
 
 /// Turns auth on; the root token.
 async fn enable(addr: &str) -> String {

@@ -9,9 +9,12 @@
 //! their preallocated zeros, which a reader treats as the end of the records
 //! either way.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::call;
 use leasehold_testkit::{wait_until, Leaseholdd};
 use serde_json::{json, Value};
 
@@ -20,27 +23,6 @@ fn fixture(release: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(format!("data-dir-{release}"))
-}
-
-/// One HTTP call to `addr` as `token`: the status and the JSON answer.
-async fn call(
-    method: &str,
-    addr: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-    let mut request = reqwest::Client::new().request(method, format!("http://{addr}{path}"));
-    if let Some(t) = token {
-        request = request.bearer_auth(t);
-    }
-    if let Some(b) = body {
-        request = request.json(&b);
-    }
-    let r = request.send().await.expect("send");
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 /// A call that must succeed: its answer.

@@ -249,7 +249,20 @@ impl Leaseholdd {
     /// Starts one with extra flags, without waiting (for a server that
     /// does not answer plain HTTP, such as one with TLS).
     pub fn spawn_with(extra: &[&str]) -> Leaseholdd {
+        Self::spawn_in(tempfile::tempdir().expect("tempdir"), extra)
+    }
+
+    /// Starts one on a copy of the data dir `from` and waits until it leads.
+    pub fn start_from(from: &Path, extra: &[&str]) -> Leaseholdd {
         let dir = tempfile::tempdir().expect("tempdir");
+        copy_dir(from, &dir.path().join("data"));
+        let server = Self::spawn_in(dir, extra);
+        server.wait_ready();
+        server
+    }
+
+    /// Starts one on the data dir `dir/data`, logging to `dir`.
+    fn spawn_in(dir: tempfile::TempDir, extra: &[&str]) -> Leaseholdd {
         let addr = format!("127.0.0.1:{}", free_port());
         let mut args = vec![
             "--listen".to_string(),
@@ -264,28 +277,6 @@ impl Leaseholdd {
             &dir.path().join("leaseholdd.log"),
         );
         Leaseholdd { process, addr, dir }
-    }
-
-    /// Starts one on a copy of the data dir `from` and waits until it leads.
-    pub fn start_from(from: &Path, extra: &[&str]) -> Leaseholdd {
-        let dir = tempfile::tempdir().expect("tempdir");
-        copy_dir(from, &dir.path().join("data"));
-        let addr = format!("127.0.0.1:{}", free_port());
-        let mut args = vec![
-            "--listen".to_string(),
-            addr.clone(),
-            "--data-dir".to_string(),
-            dir.path().join("data").display().to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let process = Process::spawn(
-            &workspace_bin("leaseholdd"),
-            &args,
-            &dir.path().join("leaseholdd.log"),
-        );
-        let server = Leaseholdd { process, addr, dir };
-        server.wait_ready();
-        server
     }
 
     /// `http://127.0.0.1:PORT`.

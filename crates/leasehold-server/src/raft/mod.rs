@@ -18,6 +18,8 @@
 //! - `disk`: what the log needs of a disk ([`LogDisk`]), and the real one.
 //! - `state_machine`: the lock table as the state machine.
 //! - [`snapshot_store`]: where its snapshot is kept (a file, or memory).
+//! - `snapshot_chunks`: a snapshot sent to a peer in chunks, and put back
+//!   together there.
 //! - `runtime`: openraft's runtime (tokio), with random draws a simulation
 //!   can seed.
 
@@ -29,6 +31,7 @@ mod log_store;
 pub mod node;
 pub mod peer;
 mod runtime;
+mod snapshot_chunks;
 pub mod snapshot_store;
 mod state_machine;
 

@@ -43,9 +43,9 @@ use tonic::{Request, Response, Status};
 
 use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
 
-use super::{
-    Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, SnapshotMeta, TypeConfig, Vote,
-};
+pub(super) use super::snapshot_chunks::IncomingSnapshot;
+use super::snapshot_chunks::{receive_chunk, SnapshotChunk};
+use super::{Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
 
 /// The largest message between peers: an append of 64 entries of up to
 /// 1,024 commands each, or one 3 MiB snapshot chunk, fits with room.
@@ -177,95 +177,6 @@ impl Consensus {
         let reply = tokio::time::timeout(PROBE_TIMEOUT, call).await.ok()?.ok()?;
         decode(&reply).ok()
     }
-}
-
-/// One piece of a snapshot on its way to a peer. The pieces of one snapshot
-/// go in order; the last (`done`) installs it.
-#[derive(Serialize, Deserialize)]
-struct SnapshotChunk {
-    /// The sending leader's vote.
-    vote: Vote,
-    /// What the whole snapshot covers.
-    meta: SnapshotMeta,
-    /// Which sending of it (a leader may start one over).
-    sending: u64,
-    /// Where `data` starts in the snapshot.
-    offset: u64,
-    data: Vec<u8>,
-    done: bool,
-}
-
-/// A snapshot being received: from which leader, of what, and the bytes so
-/// far.
-pub(super) struct Incoming {
-    vote: Vote,
-    meta: SnapshotMeta,
-    sending: u64,
-    bytes: Vec<u8>,
-}
-
-/// The snapshot a node is receiving, if any (one at a time: a new one from
-/// offset 0 replaces it).
-pub(super) type IncomingSnapshot = Arc<Mutex<Option<Incoming>>>;
-
-/// Takes one chunk: `Ok(Some(snapshot))` once the last one has come.
-fn receive_chunk(
-    incoming: &IncomingSnapshot,
-    chunk: SnapshotChunk,
-) -> Result<Option<(Vote, Snapshot)>, String> {
-    let mut slot = incoming.lock();
-    if chunk.offset == 0 {
-        // A leader deposed since does not displace its successor's.
-        if let Some(current) = slot.as_ref() {
-            if chunk.vote < current.vote {
-                return Err(format!(
-                    "a snapshot from a newer leader ({}) is being received",
-                    current.vote
-                ));
-            }
-        }
-        *slot = Some(Incoming {
-            vote: chunk.vote,
-            meta: chunk.meta.clone(),
-            sending: chunk.sending,
-            bytes: Vec::new(),
-        });
-    }
-    let Some(current) = slot.as_mut() else {
-        return Err(format!(
-            "snapshot chunk at byte {} without its start; the leader sends it again from the start",
-            chunk.offset
-        ));
-    };
-    if current.vote != chunk.vote
-        || current.meta != chunk.meta
-        || current.sending != chunk.sending
-        || current.bytes.len() as u64 != chunk.offset
-    {
-        let received = current.bytes.len();
-        // The sender starts over; what came so far is of no use.
-        if current.vote == chunk.vote {
-            *slot = None;
-        }
-        return Err(format!(
-            "snapshot chunk at byte {} does not follow the {} bytes received; the leader sends it again from the start",
-            chunk.offset, received
-        ));
-    }
-    current.bytes.extend_from_slice(&chunk.data);
-    if !chunk.done {
-        return Ok(None);
-    }
-    let Some(done) = slot.take() else {
-        return Ok(None);
-    };
-    Ok(Some((
-        done.vote,
-        Snapshot {
-            meta: done.meta,
-            snapshot: done.bytes,
-        },
-    )))
 }
 
 /// Serves one call; `sender` checks that the node the call says it comes

@@ -159,6 +159,27 @@ pub async fn post(addr: &str, path: &str, body: serde_json::Value) -> (u16, serd
     (status, r.json().await.unwrap_or(serde_json::Value::Null))
 }
 
+/// One HTTP call to `addr` as `token`: the status and the JSON answer.
+pub async fn call(
+    method: &str,
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut request = reqwest::Client::new().request(method, format!("http://{addr}{path}"));
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    if let Some(b) = body {
+        request = request.json(&b);
+    }
+    let r = request.send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
 /// One cluster at a time within a test binary: three to five servers are
 /// all two cores take.
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
