@@ -21,6 +21,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The log's folder and vote.
 pub trait LogDisk: Send + Sync + 'static {
@@ -84,7 +85,7 @@ impl FsDisk {
 
 /// A file of an [`FsDisk`].
 #[derive(Debug)]
-pub struct FsFile(pub(crate) File);
+pub struct FsFile(pub(crate) Arc<File>);
 
 impl LogDisk for FsDisk {
     type File = FsFile;
@@ -110,7 +111,7 @@ impl LogDisk for FsDisk {
         preallocate(&file, size);
         file.sync_all()?;
         sync_dir(&self.log_dir)?;
-        Ok(FsFile(file))
+        Ok(FsFile(Arc::new(file)))
     }
 
     fn open(&self, name: &str, size: u64) -> io::Result<FsFile> {
@@ -119,7 +120,7 @@ impl LogDisk for FsDisk {
             .write(true)
             .open(self.log_dir.join(name))?;
         preallocate(&file, size);
-        Ok(FsFile(file))
+        Ok(FsFile(Arc::new(file)))
     }
 
     fn remove(&self, name: &str) -> io::Result<()> {
@@ -144,11 +145,15 @@ impl LogFile for FsFile {
         self.0.write_all_at(bytes, offset)
     }
 
-    /// `fdatasync` on the calling thread: the log flushes inside `append`,
-    /// and openraft's core waits for `append` before it goes on anyway.
+    /// `fdatasync` on one of tokio's blocking threads, so that the runtime
+    /// threads go on answering peers and applying the log meanwhile.
     fn sync(&mut self) -> impl Future<Output = io::Result<()>> + Send {
-        let synced = self.0.sync_data();
-        std::future::ready(synced)
+        let file = self.0.clone();
+        async move {
+            tokio::task::spawn_blocking(move || file.sync_data())
+                .await
+                .map_err(|e| io::Error::other(format!("the flush did not finish: {e}")))?
+        }
     }
 
     fn cut(&mut self, len: u64) -> io::Result<()> {

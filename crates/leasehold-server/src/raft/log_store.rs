@@ -1,14 +1,20 @@
-//! The Raft log on disk: append-only segments, each append written and
-//! flushed (`fdatasync`) in the call that makes it.
+//! The Raft log on disk: append-only segments, written and flushed
+//! (`fdatasync`) by a writer task of the log's own.
 //!
-//! openraft's core waits for each `append` before it does anything else, and
-//! `append` here returns once its records are flushed, so appends never
-//! overlap and a writer thread of the log's own could not group them: it only cost two wake-ups between threads per flush (on
-//! this kind of 2-core virtual machine ~20 µs of CPU each, beside 50-70 µs
-//! of system time for the `fdatasync` itself). Commands are grouped above
-//! openraft instead: one entry
-//! carries every command that arrived while the previous one was flushed
-//! (`raft::batch`).
+//! `append` puts its entries in memory (readable at once, so the leader
+//! sends them to followers while its own flush runs), hands their records
+//! to the writer and returns; openraft hears of the flush through the
+//! append's callback. The writer takes every write waiting when it starts a
+//! flush, so one `fdatasync` covers all the appends that arrived during the
+//! previous one (group commit), and the flush itself runs on a blocking
+//! thread, not on the runtime threads that answer heartbeats and apply the
+//! log. Every write (appends, truncations, purges and the vote) goes
+//! through the writer in the order it was made: a vote is written only
+//! once every record before it is flushed, and records after it are
+//! written only once it is, as openraft requires (a term is durable before
+//! any entry of that term). Commands are also grouped above openraft: one
+//! entry carries every command that arrived while the previous one was
+//! proposed (`raft::batch`).
 //!
 //! A segment is a sequence of records `[len: u32][crc32: u32][bincode payload]`.
 //! Truncation and purging are themselves records, so nothing is ever rewritten
@@ -45,9 +51,11 @@ use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
 use prometheus_client::metrics::histogram::Histogram;
 use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 
 use super::disk::{FsDisk, LogDisk, LogFile};
 use super::{Entry, LogId, TypeConfig, Vote};
+use writer::{write_jobs, Done, Job, Records, Writer};
 
 /// A new segment is started once the current one passes this size. Small
 /// enough that a purge after a snapshot frees most of the log promptly.
@@ -75,6 +83,10 @@ enum RecordRef<'a> {
 /// are read back from disk if ever asked for.
 const APPLIED_KEPT_IN_MEMORY: u64 = 64;
 
+/// Writes waiting for the writer before `append` waits too: back-pressure
+/// on openraft when the disk falls behind.
+const QUEUED_WRITES: usize = 256;
+
 /// What the log holds in memory: every entry not yet purged, except applied
 /// ones below `memory_floor`, which are only on disk. (Between snapshots a
 /// busy server appends ~100k commands; keeping them all cost ~10 MiB.)
@@ -90,8 +102,12 @@ struct Entries {
 /// [`LogDisk`]. Cheap to clone; clones share one log.
 pub struct LogStore<D: LogDisk = FsDisk> {
     entries: Arc<Mutex<Entries>>,
-    /// Taken by each write for as long as it writes and syncs.
+    /// Taken by the writer task for as long as it writes and syncs a group.
     writer: Arc<tokio::sync::Mutex<Writer<D>>>,
+    /// The writer task's queue, started by the first write.
+    queue: Arc<std::sync::OnceLock<mpsc::Sender<Job>>>,
+    /// The highest entry index written to a segment file (0: none yet).
+    written: Arc<AtomicU64>,
     disk: Arc<D>,
     /// What each segment holds, so a read from disk replays only some.
     spans: Spans,
@@ -100,17 +116,6 @@ pub struct LogStore<D: LogDisk = FsDisk> {
     segments_read: Arc<AtomicU64>,
     /// The highest index the state machine has applied (0: none yet).
     applied: Arc<AtomicU64>,
-}
-
-/// Records to write to the open segment.
-struct Records {
-    bytes: Vec<u8>,
-    /// What the records in `bytes` touch.
-    span: Span,
-    /// The highest entry index in `bytes`, if it holds entries.
-    last_index: Option<u64>,
-    /// Segments wholly at or below this index may be deleted after the write.
-    purge_upto: Option<u64>,
 }
 
 /// What a segment's records touch: the segment can matter to a read of
@@ -179,6 +184,8 @@ impl<D: LogDisk> Clone for LogStore<D> {
         LogStore {
             entries: self.entries.clone(),
             writer: self.writer.clone(),
+            queue: self.queue.clone(),
+            written: self.written.clone(),
             disk: self.disk.clone(),
             spans: self.spans.clone(),
             #[cfg(test)]
@@ -320,6 +327,9 @@ impl<D: LogDisk> LogStore<D> {
             }
         };
         let spans: Spans = Arc::new(Mutex::new(spans));
+        let written = Arc::new(AtomicU64::new(
+            state.entries.last_key_value().map_or(0, |(&i, _)| i),
+        ));
         let writer = Writer {
             disk: disk.clone(),
             file,
@@ -329,11 +339,14 @@ impl<D: LogDisk> LogStore<D> {
             spans: spans.clone(),
             fsync,
             failed: None,
+            written: written.clone(),
         };
 
         Ok(LogStore {
             entries: Arc::new(Mutex::new(state)),
             writer: Arc::new(tokio::sync::Mutex::new(writer)),
+            queue: Arc::new(std::sync::OnceLock::new()),
+            written,
             disk,
             spans,
             #[cfg(test)]
@@ -411,9 +424,27 @@ impl<D: LogDisk> LogStore<D> {
         self.entries.lock()
     }
 
-    /// Writes records and flushes them: durable when this returns `Ok`.
-    async fn write(&self, write: Records) -> io::Result<()> {
-        self.writer.lock().await.write(write).await
+    /// Queues `job` for the writer task, starting the task on the first
+    /// write (on the runtime of the caller, so it ends with that runtime).
+    async fn submit(&self, job: Job) -> io::Result<()> {
+        let queue = self.queue.get_or_init(|| {
+            let (queue, jobs) = mpsc::channel(QUEUED_WRITES);
+            tokio::spawn(write_jobs(self.writer.clone(), jobs));
+            queue
+        });
+        queue
+            .send(job)
+            .await
+            .map_err(|_| io_err("the raft log's writer has stopped"))
+    }
+
+    /// Queues `job` and waits until it is done: durable when this returns
+    /// `Ok`, and so is everything queued before it.
+    async fn write_and_wait(&self, job: impl FnOnce(Done) -> Job) -> io::Result<()> {
+        let (done, wait) = oneshot::channel();
+        self.submit(job(Done::Waiter(done))).await?;
+        wait.await
+            .map_err(|_| io_err("the raft log's writer stopped before the write was done"))?
     }
 }
 
@@ -484,79 +515,6 @@ fn replay_records(
     }
 }
 
-/// Owns the open segment.
-struct Writer<D: LogDisk> {
-    disk: Arc<D>,
-    file: D::File,
-    number: u64,
-    size: u64,
-    segments: Vec<(u64, u64)>,
-    spans: Spans,
-    fsync: Histogram,
-    /// Why a write failed, once one has: nothing is written after it.
-    failed: Option<String>,
-}
-
-impl<D: LogDisk> Writer<D> {
-    async fn write(&mut self, write: Records) -> io::Result<()> {
-        if let Some(why) = &self.failed {
-            return Err(io_err(format!(
-                "the raft log is read-only after a failed write: {why}"
-            )));
-        }
-        let result = self.write_and_flush(write).await;
-        if let Err(e) = &result {
-            // After a failed fsync the kernel may have dropped dirty pages;
-            // nothing written after it can be trusted. Stop accepting writes.
-            tracing::error!(error = %e, "writing the raft log failed; the log is now read-only");
-            self.failed = Some(e.to_string());
-        }
-        result
-    }
-
-    async fn write_and_flush(&mut self, write: Records) -> io::Result<()> {
-        let Records {
-            bytes,
-            span,
-            last_index,
-            purge_upto,
-        } = write;
-        if !bytes.is_empty() {
-            self.file.write_at(self.size, &bytes)?;
-            let syncing = std::time::Instant::now();
-            self.file.sync().await?;
-            self.fsync.observe(syncing.elapsed().as_secs_f64());
-            self.size += bytes.len() as u64;
-            if let (Some(h), Some(last)) = (last_index, self.segments.last_mut()) {
-                last.1 = last.1.max(h);
-            }
-            self.spans().entry(self.number).or_default().merge(span);
-        }
-        if let Some(upto) = purge_upto {
-            // Delete whole segments that hold nothing above the purge point,
-            // never the open one.
-            while self.segments.len() > 1 && self.segments[0].1 <= upto {
-                let (number, _) = self.segments.remove(0);
-                self.disk.remove(&segment_name(number))?;
-                self.spans().remove(&number);
-            }
-        }
-        if self.size >= SEGMENT_BYTES {
-            let number = self.number + 1;
-            self.file = self.disk.create(&segment_name(number), SEGMENT_BYTES)?;
-            self.number = number;
-            self.size = 0;
-            self.segments.push((number, 0));
-            self.spans().insert(number, Span::default());
-        }
-        Ok(())
-    }
-
-    fn spans(&self) -> parking_lot::MutexGuard<'_, BTreeMap<u64, Span>> {
-        self.spans.lock()
-    }
-}
-
 impl<D: LogDisk> RaftLogReader<TypeConfig> for LogStore<D> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -619,20 +577,14 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
         self.clone()
     }
 
-    /// Durable when it returns, and so is every write before it: each write
-    /// is flushed before the next one starts.
+    /// Durable when it returns, and so is every write queued before it.
     async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
         let bytes = serde_json::to_vec(vote).map_err(io_err)?;
-        // Taken so that no log write is in flight beside the vote's.
-        let writer = self.writer.lock().await;
-        if let Some(why) = &writer.failed {
-            return Err(io_err(format!(
-                "the raft log is read-only after a failed write: {why}"
-            )));
-        }
-        self.disk.write_vote(&bytes)
+        self.write_and_wait(|done| Job::Vote(bytes, done)).await
     }
 
+    /// Returns once the entries are in memory and queued for the writer;
+    /// `callback` hears when they are flushed.
     async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
@@ -649,11 +601,12 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
                 span.entry(entry.log_id.index);
                 state.entries.insert(entry.log_id.index, entry);
             }
-            // Applied entries are durable and in the state machine: let all
-            // but the newest few leave memory.
+            // Applied entries already written to a segment are in the state
+            // machine and on disk: let all but the newest few leave memory.
             let floor = self
                 .applied
                 .load(Ordering::Relaxed)
+                .min(self.written.load(Ordering::Relaxed))
                 .saturating_sub(APPLIED_KEPT_IN_MEMORY);
             if floor > state.memory_floor
                 && state
@@ -665,36 +618,35 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
                 state.memory_floor = floor;
             }
         }
-        let written = self
-            .write(Records {
-                bytes,
-                span,
-                last_index,
-                purge_upto: None,
-            })
-            .await;
-        let answer = written
-            .as_ref()
-            .map(|_| ())
-            .map_err(|e| io::Error::new(e.kind(), e.to_string()));
-        callback.io_completed(answer);
-        written
+        let records = Records {
+            bytes,
+            span,
+            last_index,
+            purge_upto: None,
+        };
+        self.submit(Job::Records(records, Done::Flushed(callback)))
+            .await
     }
 
     async fn truncate_after(&mut self, last_kept: Option<LogId>) -> io::Result<()> {
         let from = last_kept.map_or(0, |l| l.index + 1);
         self.lock().entries.split_off(&from);
+        // What was written at and after `from` is gone: it must not let a
+        // newer entry of the same index leave memory before that is written.
+        self.written
+            .fetch_min(from.saturating_sub(1), Ordering::Relaxed);
         let mut bytes = Vec::new();
         encode(&RecordRef::Truncate(from), &mut bytes)?;
         let mut span = Span::default();
         span.truncate(from);
-        self.write(Records {
+        let records = Records {
             bytes,
             span,
             last_index: None,
             purge_upto: None,
-        })
-        .await
+        };
+        self.write_and_wait(|done| Job::Records(records, done))
+            .await
     }
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
@@ -708,352 +660,19 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
         }
         let mut span = Span::default();
         span.purge(index);
-        self.write(Records {
+        let records = Records {
             bytes,
             span,
             last_index: None,
             purge_upto: Some(index),
-        })
-        .await
-    }
-}
-
-/// openraft's storage conformance suite, run against our log store and state
-/// machine, plus the crash cases specific to our on-disk format.
-#[cfg(test)]
-mod storage_tests {
-    use std::sync::Arc;
-
-    use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
-    use openraft::testing::log::{StoreBuilder, Suite};
-    use openraft::{EntryPayload, StorageError};
-
-    use super::LogStore;
-    use crate::raft::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
-    use crate::raft::state_machine::StateMachine;
-    use crate::raft::{CommittedLeaderId, Entry, LogId, TypeConfig};
-
-    /// The log on disk, with the snapshot in a file or in memory.
-    struct Builder {
-        snapshots_in_memory: bool,
-    }
-
-    impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Builder {
-        async fn build(
-            &self,
-        ) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<TypeConfig>> {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let log = LogStore::open(dir.path()).expect("open log");
-            let snapshots: Arc<dyn SnapshotStore> = if self.snapshots_in_memory {
-                Arc::new(MemorySnapshots::default())
-            } else {
-                Arc::new(FileSnapshots::in_dir(dir.path()))
-            };
-            let sm = StateMachine::open(snapshots, Arc::default(), 1_000, log.applied_index())
-                .expect("open state machine");
-            Ok((dir, log, sm))
-        }
-    }
-
-    #[tokio::test]
-    async fn openraft_storage_suite() {
-        Suite::test_all(Builder {
-            snapshots_in_memory: false,
-        })
-        .await
-        .expect("storage suite, snapshots in a file");
-        Suite::test_all(Builder {
-            snapshots_in_memory: true,
-        })
-        .await
-        .expect("storage suite, snapshots in memory");
-    }
-
-    fn blank(index: u64) -> Entry {
-        Entry {
-            log_id: LogId::new(
-                CommittedLeaderId {
-                    term: 1,
-                    node_id: 1,
-                },
-                index,
-            ),
-            payload: EntryPayload::Blank,
-        }
-    }
-
-    async fn append(log: &mut LogStore, entries: Vec<Entry>) {
-        log.blocking_append(entries)
-            .await
-            .expect("append and flush");
-    }
-
-    fn only_segment(dir: &std::path::Path) -> std::path::PathBuf {
-        std::fs::read_dir(dir.join("log"))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path()
-    }
-
-    /// The byte ranges of the records at the start of a segment (it is
-    /// preallocated, so the file is longer than its records).
-    fn record_spans(bytes: &[u8]) -> Vec<std::ops::Range<usize>> {
-        let mut spans = Vec::new();
-        let mut at = 0;
-        while at + 8 <= bytes.len() {
-            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-            if len == 0 {
-                break;
-            }
-            spans.push(at..at + 8 + len);
-            at += 8 + len;
-        }
-        spans
-    }
-
-    async fn indexes(log: &mut LogStore) -> Vec<u64> {
-        let entries = log.try_get_log_entries(..).await.unwrap();
-        entries.iter().map(|e| e.log_id.index).collect()
-    }
-
-    #[tokio::test]
-    async fn a_torn_tail_is_cut_and_everything_before_it_survives() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let mut log = LogStore::open(dir.path()).expect("open");
-            append(&mut log, (1..=10).map(blank).collect()).await;
-        }
-        // A crash mid-write leaves half a record after the last whole one.
-        let seg = only_segment(dir.path());
-        let mut bytes = std::fs::read(&seg).unwrap();
-        let whole = record_spans(&bytes).last().unwrap().end;
-        bytes[whole..whole + 7].copy_from_slice(&[200, 0, 0, 0, 1, 2, 3]);
-        std::fs::write(&seg, &bytes).unwrap();
-
-        let mut log = LogStore::open(dir.path()).expect("reopen");
-        let after = std::fs::read(&seg).unwrap();
-        assert_eq!(&after[..whole], &bytes[..whole]);
-        assert!(
-            after[whole..].iter().all(|&b| b == 0),
-            "the torn record is cut"
-        );
-        assert_eq!(indexes(&mut log).await, (1..=10).collect::<Vec<_>>());
-        // And the log keeps working after the cut.
-        append(&mut log, vec![blank(11)]).await;
-        drop(log);
-        let mut log = LogStore::open(dir.path()).expect("reopen again");
-        assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
-    }
-
-    /// A crash can persist the end of an unacknowledged write but not its
-    /// start. Records written later over that start must not join up with
-    /// the stale remainder.
-    #[tokio::test]
-    async fn a_stale_record_behind_a_gap_is_never_replayed() {
-        let donor = tempfile::tempdir().expect("tempdir");
-        {
-            let mut log = LogStore::open(donor.path()).expect("open");
-            append(&mut log, (1..=12).map(blank).collect()).await;
-        }
-        let donor_bytes = std::fs::read(only_segment(donor.path())).unwrap();
-        let donor_spans = record_spans(&donor_bytes);
-        let (eleven, twelve) = (donor_spans[10].clone(), donor_spans[11].clone());
-
-        let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let mut log = LogStore::open(dir.path()).expect("open");
-            append(&mut log, (1..=10).map(blank).collect()).await;
-        }
-        let seg = only_segment(dir.path());
-        let mut bytes = std::fs::read(&seg).unwrap();
-        let end = record_spans(&bytes).last().unwrap().end;
-        // Entry 11's bytes never reached the disk; entry 12's did.
-        let twelve_at = end + eleven.len();
-        bytes[twelve_at..twelve_at + twelve.len()].copy_from_slice(&donor_bytes[twelve]);
-        std::fs::write(&seg, &bytes).unwrap();
-
-        let mut log = LogStore::open(dir.path()).expect("reopen");
-        assert_eq!(indexes(&mut log).await, (1..=10).collect::<Vec<_>>());
-        append(&mut log, vec![blank(11)]).await;
-        drop(log);
-        let mut log = LogStore::open(dir.path()).expect("reopen again");
-        assert_eq!(indexes(&mut log).await, (1..=11).collect::<Vec<_>>());
-    }
-
-    fn big(index: u64) -> Entry {
-        let command = leasehold_core::Command::SaveCheckpoint {
-            key: format!("k{index}"),
-            fence: index,
-            data: vec![index as u8; 64 * 1024],
         };
-        Entry {
-            log_id: LogId::new(
-                CommittedLeaderId {
-                    term: 1,
-                    node_id: 1,
-                },
-                index,
-            ),
-            payload: EntryPayload::Normal(crate::raft::Request {
-                stamp: leasehold_core::Stamp { now: 0, epoch: 1 },
-                commands: vec![command],
-            }),
-        }
-    }
-
-    fn segment_count(dir: &std::path::Path) -> usize {
-        std::fs::read_dir(dir.join("log")).unwrap().count()
-    }
-
-    #[tokio::test]
-    async fn segments_roll_over_and_purged_ones_are_deleted() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let mut log = LogStore::open(dir.path()).expect("open");
-            // 300 x 64 KiB: more than two 8 MiB segments.
-            for chunk in (1..=300).collect::<Vec<u64>>().chunks(20) {
-                append(&mut log, chunk.iter().map(|&i| big(i)).collect()).await;
-            }
-            assert_eq!(segment_count(dir.path()), 3);
-            log.purge(big(280).log_id).await.unwrap();
-            // Flushed after the purge, so the purge is done when it returns.
-            append(&mut log, vec![big(301)]).await;
-        }
-        assert_eq!(
-            segment_count(dir.path()),
-            1,
-            "segments below the purge point are deleted"
-        );
-        let mut log = LogStore::open(dir.path()).expect("reopen");
-        assert_eq!(indexes(&mut log).await, (281..=301).collect::<Vec<_>>());
-        let entries = log.try_get_log_entries(300..301).await.unwrap();
-        assert_eq!(
-            format!("{:?}", entries[0].payload),
-            format!("{:?}", big(300).payload)
-        );
-        append(&mut log, vec![big(302)]).await;
-        drop(log);
-        let mut log = LogStore::open(dir.path()).expect("reopen again");
-        assert_eq!(indexes(&mut log).await, (281..=302).collect::<Vec<_>>());
-    }
-
-    /// A lagging follower reads applied entries back one append at a time:
-    /// each read replays the segments that hold them, not the whole log.
-    #[tokio::test]
-    async fn a_read_from_disk_replays_only_the_segments_it_needs() {
-        use std::sync::atomic::Ordering;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut log = LogStore::open(dir.path()).expect("open");
-        for chunk in (1..=300).collect::<Vec<u64>>().chunks(20) {
-            append(&mut log, chunk.iter().map(|&i| big(i)).collect()).await;
-        }
-        assert_eq!(segment_count(dir.path()), 3);
-        log.applied_index().store(300, Ordering::Relaxed);
-        append(&mut log, vec![big(301)]).await;
-        assert!(log.entries_in_memory() < 100, "applied entries left memory");
-
-        let before = log.segments_read();
-        let got = log.try_get_log_entries(10..12).await.unwrap();
-        assert_eq!(
-            got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
-            vec![10, 11]
-        );
-        assert_eq!(
-            format!("{:?}", got[0].payload),
-            format!("{:?}", big(10).payload)
-        );
-        assert_eq!(log.segments_read() - before, 1, "one segment holds them");
-
-        let before = log.segments_read();
-        let got = log.try_get_log_entries(120..140).await.unwrap();
-        assert_eq!(got.len(), 20);
-        assert!(log.segments_read() - before <= 2);
-
-        // Reopened, the spans are rebuilt from the files.
-        drop(log);
-        let mut log = LogStore::open(dir.path()).expect("reopen");
-        log.applied_index().store(301, Ordering::Relaxed);
-        append(&mut log, vec![big(302)]).await;
-        let got = log.try_get_log_entries(150..152).await.unwrap();
-        assert_eq!(
-            got.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
-            vec![150, 151]
-        );
-        assert_eq!(log.segments_read(), 1);
-    }
-
-    #[tokio::test]
-    async fn applied_entries_leave_memory_and_are_read_back_from_disk() {
-        use std::sync::atomic::Ordering;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut log = LogStore::open(dir.path()).expect("open");
-        append(&mut log, (1..=200).map(blank).collect()).await;
-        log.truncate_after(Some(blank(189).log_id)).await.unwrap();
-        log.purge(blank(5).log_id).await.unwrap();
-        log.applied_index().store(180, Ordering::Relaxed);
-        append(&mut log, (190..=210).map(blank).collect()).await;
-        let in_memory = log.entries_in_memory();
-        assert!(
-            in_memory < 100,
-            "applied entries stay in memory: {in_memory}"
-        );
-        // Every entry not purged is still there, from disk or from memory,
-        // with the truncation and the purge applied.
-        assert_eq!(indexes(&mut log).await, (6..=210).collect::<Vec<_>>());
-        let some = log.try_get_log_entries(10..20).await.unwrap();
-        assert_eq!(
-            some.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
-            (10..20).collect::<Vec<_>>()
-        );
-        let state = log.get_log_state().await.unwrap();
-        assert_eq!(state.last_log_id.map(|l| l.index), Some(210));
-    }
-
-    /// A write that fails (here: the segment swapped for a read-only handle)
-    /// is reported, and the log then refuses every later write, even once
-    /// the disk would take it: after a failed fsync the page cache cannot be
-    /// trusted to hold what was written before.
-    #[tokio::test]
-    async fn after_a_failed_write_the_log_takes_no_more() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut log = LogStore::open(dir.path()).expect("open");
-        append(&mut log, vec![blank(1)]).await;
-        let read_only = std::fs::File::open(only_segment(dir.path())).unwrap();
-        let good = std::mem::replace(
-            &mut log.writer.lock().await.file,
-            crate::raft::disk::FsFile(read_only),
-        );
-        assert!(log.blocking_append(vec![blank(2)]).await.is_err());
-        log.writer.lock().await.file = good;
-        assert!(
-            log.blocking_append(vec![blank(2)]).await.is_err(),
-            "a write after a failed one was taken"
-        );
-        assert!(log.purge(blank(1).log_id).await.is_err());
-    }
-
-    #[tokio::test]
-    async fn truncate_and_purge_survive_a_reopen() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        {
-            let mut log = LogStore::open(dir.path()).expect("open");
-            append(&mut log, (1..=10).map(blank).collect()).await;
-            log.truncate_after(Some(blank(7).log_id)).await.unwrap();
-            log.purge(blank(3).log_id).await.unwrap();
-            append(&mut log, vec![blank(8)]).await;
-        }
-        let mut log = LogStore::open(dir.path()).expect("reopen");
-        let indexes: Vec<u64> = log
-            .try_get_log_entries(0..100)
+        self.write_and_wait(|done| Job::Records(records, done))
             .await
-            .unwrap()
-            .iter()
-            .map(|e| e.log_id.index)
-            .collect();
-        assert_eq!(indexes, vec![4, 5, 6, 7, 8]);
-        let state = log.get_log_state().await.unwrap();
-        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(3));
     }
 }
+
+mod writer;
+
+/// openraft's storage conformance suite, and the crash cases of our format.
+#[cfg(test)]
+mod storage_tests;
