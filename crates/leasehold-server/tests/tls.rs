@@ -12,7 +12,7 @@ use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
 use leasehold_proto::raft::PeerMessage;
 use leasehold_testkit::pki::{Ca, Issued};
 use leasehold_testkit::{http_get, wait_until, workspace_bin, Cluster};
-use openraft::raft::VoteRequest;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::Vote;
 use serde_json::{json, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -164,6 +164,37 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
         status.message().contains("does not name node 3"),
         "{status:?}"
     );
+    // So does a stream of appends: one that claims to come from node 3 ends
+    // with the refusal, and nothing of it reaches the Raft.
+    let append = |from: u64| {
+        let request: AppendEntriesRequest<leasehold_server::raft::TypeConfig> =
+            AppendEntriesRequest {
+                vote: Vote::new(0, from),
+                prev_log_id: None,
+                leader_commit: None,
+                entries: vec![],
+            };
+        PeerMessage {
+            bincode: bincode::DefaultOptions::new()
+                .with_fixint_encoding()
+                .serialize(&request)
+                .unwrap(),
+        }
+    };
+    let mut answers = as_two
+        .append_stream(tokio_stream::iter(vec![append(3)]))
+        .await
+        .expect("the stream opens")
+        .into_inner();
+    let status = match answers.message().await {
+        Ok(Some(_)) => panic!("an append that claims to come from node 3 was answered"),
+        Ok(None) => panic!("the stream ended without refusing"),
+        Err(status) => status,
+    };
+    assert!(
+        status.message().contains("does not name node 3"),
+        "{status:?}"
+    );
 
     // Without a certificate, nothing is heard.
     let mut raw = RaftPeerClient::connect(format!("http://{}", c.nodes[0].addr))
@@ -178,6 +209,11 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
         .vote(PeerMessage {
             bincode: vec![0; 64],
         })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let status = raw
+        .append_stream(tokio_stream::iter(vec![append(2)]))
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");

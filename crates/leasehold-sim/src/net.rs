@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use leasehold_core::{Fence, Grant, LeaseId, RequestId};
-use leasehold_server::raft::{NodeId, PeerCall, Transport, TransportError};
+use leasehold_server::raft::{AnswerStream, NodeId, PeerCall, Transport, TransportError};
 use leasehold_server::service::{AcquireArgs, ApiError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -91,6 +91,14 @@ pub enum Envelope {
         id: u64,
         /// The call.
         call: ClientCall,
+    },
+    /// A stream of appends from a peer: encoded requests in the order sent,
+    /// and where the answers go, in the same order.
+    Stream {
+        /// The requests as they arrive.
+        requests: mpsc::UnboundedReceiver<Vec<u8>>,
+        /// The answers, sent back as they are made.
+        answers: mpsc::UnboundedSender<Result<Vec<u8>, String>>,
     },
 }
 
@@ -326,6 +334,103 @@ impl Net {
         Ok(answer)
     }
 
+    /// Opens an ordered stream from `from` to `to`, as one TCP connection
+    /// carries one: each message takes its own seeded delay but never passes
+    /// the one before it, so several are in flight at once. A dropped
+    /// message stalls that direction for good (the caller's deadline ends
+    /// the stream, as over TCP); a node that dies ends its side. Never
+    /// returns if the opening leg is dropped.
+    async fn open_stream(
+        &self,
+        from: &str,
+        to: &str,
+        requests: futures::stream::BoxStream<'static, Vec<u8>>,
+    ) -> Result<mpsc::UnboundedReceiver<Result<Vec<u8>, String>>, NetError> {
+        self.travel(from, to).await;
+        let (to_node, at_node) = mpsc::unbounded_channel();
+        let (from_node, back) = mpsc::unbounded_channel();
+        let delivered = {
+            let mut state = self.lock();
+            let sent = state.inboxes.get(to).is_some_and(|inbox| {
+                inbox
+                    .send(Envelope::Stream {
+                        requests: at_node,
+                        answers: from_node,
+                    })
+                    .is_ok()
+            });
+            if !sent {
+                state.stats.refused += 1;
+            }
+            sent
+        };
+        if !delivered {
+            return Err(NetError::Refused);
+        }
+        let (answers, at_caller) = mpsc::unbounded_channel();
+        tokio::spawn(
+            self.clone()
+                .pipe(from.to_string(), to.to_string(), requests, to_node),
+        );
+        let back = tokio_stream_of(back);
+        tokio::spawn(
+            self.clone()
+                .pipe(to.to_string(), from.to_string(), back, answers),
+        );
+        Ok(at_caller)
+    }
+
+    /// Carries `input` from `from` to `to` into `output`, in order, each
+    /// message after its own delay (never before the one ahead of it).
+    async fn pipe<T: Send + 'static>(
+        self,
+        from: String,
+        to: String,
+        mut input: futures::stream::BoxStream<'static, T>,
+        output: mpsc::UnboundedSender<T>,
+    ) {
+        use futures::StreamExt;
+        let (timed, mut arriving) = mpsc::unbounded_channel::<(tokio::time::Instant, T)>();
+        // Ends when the sender ends the stream (after what is on the way
+        // arrived) or the receiver drops it; a dropped message stalls it.
+        let deliver = async {
+            loop {
+                tokio::select! {
+                    next = arriving.recv() => {
+                        let Some((at, message)) = next else { return };
+                        tokio::time::sleep_until(at).await;
+                        if output.send(message).is_err() {
+                            return;
+                        }
+                    }
+                    () = output.closed() => return,
+                }
+            }
+        };
+        let send = async {
+            let mut last = tokio::time::Instant::now();
+            while let Some(message) = input.next().await {
+                match self.leg(&from, &to) {
+                    Leg::Drop => {
+                        futures::future::pending::<()>().await;
+                    }
+                    Leg::After(delay) => {
+                        last = last.max(tokio::time::Instant::now() + delay);
+                        if timed.send((last, message)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            drop(timed);
+            futures::future::pending::<()>().await;
+        };
+        tokio::select! {
+            () = deliver => {}
+            () = send => {}
+        }
+    }
+
     /// A client's call to node `to`.
     pub async fn call_node(
         &self,
@@ -351,6 +456,13 @@ pub struct SimTransport {
     pub net: Net,
 }
 
+/// A channel's receiving end as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: mpsc::UnboundedReceiver<T>,
+) -> futures::stream::BoxStream<'static, T> {
+    Box::pin(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
+
 impl Transport for SimTransport {
     fn call(
         &self,
@@ -374,6 +486,30 @@ impl Transport for SimTransport {
                 Ok(Err(e)) => Err(TransportError::Failed(e)),
                 Err(NetError::Refused) => Err(TransportError::Unreachable(format!("{to} is down"))),
                 Err(NetError::Reset) => Err(TransportError::Failed(format!("{to} died"))),
+            }
+        })
+    }
+
+    fn streams_appends(&self) -> bool {
+        true
+    }
+
+    fn append_stream(
+        &self,
+        _to: NodeId,
+        addr: &str,
+        requests: futures::stream::BoxStream<'static, Vec<u8>>,
+    ) -> BoxFuture<'static, Result<AnswerStream, TransportError>> {
+        let (net, from, to) = (self.net.clone(), self.from.clone(), addr.to_string());
+        Box::pin(async move {
+            match net.open_stream(&from, &to, requests).await {
+                Ok(answers) => {
+                    let answers = tokio_stream_of(answers);
+                    Ok(Box::pin(futures::StreamExt::map(answers, |answer| {
+                        answer.map_err(TransportError::Failed)
+                    })) as AnswerStream)
+                }
+                Err(_) => Err(TransportError::Unreachable(format!("{to} is down"))),
             }
         })
     }

@@ -171,6 +171,22 @@ impl NodeParts {
                         net.answer_peer(id, consensus.serve_peer(call, &payload).await);
                     });
                 }
+                Envelope::Stream {
+                    mut requests,
+                    answers,
+                } => {
+                    let requests =
+                        Box::pin(futures::stream::poll_fn(move |cx| requests.poll_recv(cx)));
+                    let mut served = consensus.serve_append_stream(requests);
+                    tokio::spawn(async move {
+                        use futures::StreamExt;
+                        while let Some(answer) = served.next().await {
+                            if answers.send(answer).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
                 Envelope::Client { id, call } => {
                     let service = service.clone();
                     tokio::spawn(async move {

@@ -606,7 +606,7 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
             let floor = self
                 .applied
                 .load(Ordering::Relaxed)
-                .min(self.written.load(Ordering::Relaxed))
+                .min(self.written.load(Ordering::Acquire))
                 .saturating_sub(APPLIED_KEPT_IN_MEMORY);
             if floor > state.memory_floor
                 && state

@@ -23,9 +23,11 @@
 //! - `runtime`: openraft's runtime (tokio), with random draws a simulation
 //!   can seed.
 
+mod append_stream;
 mod batch;
 mod cluster;
 mod disk;
+mod grpc;
 pub mod leadership;
 mod log_store;
 pub mod node;
@@ -49,10 +51,11 @@ use tokio::sync::mpsc;
 use crate::hub::Hub;
 pub use cluster::{ClusterStatus, MemberStatus, MembershipError};
 pub use disk::{FsDisk, FsFile, LogDisk, LogFile};
+pub use grpc::{GrpcTransport, PeerService};
 pub use leadership::{Clock, SystemClock};
 pub use log_store::LogStore;
 pub use node::{NodeSpec, RaftOptions};
-pub use peer::{GrpcTransport, PeerCall, Transport, TransportError};
+pub use peer::{AnswerStream, PeerCall, Transport, TransportError};
 pub use runtime::seed_thread_randomness;
 pub use snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use state_machine::Shared;

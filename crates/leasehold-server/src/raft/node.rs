@@ -27,9 +27,10 @@ use openraft::{BasicNode, Config, SnapshotPolicy};
 use tokio::sync::mpsc;
 
 use super::batch::MAX_BATCH;
+use super::grpc::GrpcTransport;
 use super::leadership::{system_clock, Clock};
 use super::log_store::LogStore;
-use super::peer::{GrpcTransport, Heard, PeerNetwork, Transport};
+use super::peer::{Heard, PeerNetwork, Transport};
 use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
 use super::{Consensus, NodeId, Raft, TypeConfig};

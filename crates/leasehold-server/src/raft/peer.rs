@@ -1,10 +1,11 @@
 //! Raft between nodes: the calls, encoded once, and the [`Transport`] that
 //! carries them: the `leasehold.raft.v1.RaftPeer` gRPC service
 //! (`proto/raft.proto`) on each node's one port between processes
-//! ([`GrpcTransport`]), or a simulated network inside one process.
+//! ([`super::grpc`]), or a simulated network inside one process.
 //!
 //! Each call carries one openraft request or response, bincode-encoded
-//! (every node of a cluster runs the same build). Snapshots go in chunks of
+//! (every node of a cluster runs the same build). Appends go as a stream,
+//! several in flight ([`super::append_stream`]). Snapshots go in chunks of
 //! at most 3 MiB (openraft's `snapshot_max_chunk_size`), so a snapshot of a
 //! million held locks crosses as a few dozen calls. A call is cut off at the
 //! soft deadline openraft gives it; a peer that cannot be connected to is
@@ -16,20 +17,17 @@
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
-use leasehold_proto::raft::raft_peer_server::{RaftPeer, RaftPeerServer};
-use leasehold_proto::raft::PeerMessage;
+use futures::StreamExt;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{
     Fatal, NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::v2::RaftNetworkV2;
-use openraft::network::{Backoff, RPCOption, RaftNetworkFactory};
+use openraft::network::{stream_append_sequential, Backoff, RPCOption, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
     TransferLeaderResponse, VoteRequest, VoteResponse,
@@ -38,20 +36,17 @@ use openraft::OptionalSend;
 use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
-use tonic::{Request, Response, Status};
 
-use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
-
+use super::append_stream::{pipelined, serve_stream, Peer};
 pub(super) use super::snapshot_chunks::IncomingSnapshot;
 use super::snapshot_chunks::{receive_chunk, SnapshotChunk};
 use super::{Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
 
 /// The largest message between peers: an append of 64 entries of up to
 /// 1,024 commands each, or one 3 MiB snapshot chunk, fits with room.
-const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+pub(super) const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 /// Time to connect to a peer.
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a probe waits for its answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -62,12 +57,12 @@ fn codec() -> impl bincode::Options {
         .with_limit(MAX_MESSAGE as u64)
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
+pub(super) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
     use bincode::Options;
     codec().serialize(value).map_err(|e| format!("encode: {e}"))
 }
 
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     use bincode::Options;
     codec()
         .deserialize(bytes)
@@ -117,7 +112,35 @@ pub trait Transport: Send + Sync + 'static {
         call: PeerCall,
         payload: Vec<u8>,
     ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>>;
+
+    /// Whether [`Transport::append_stream`] works; without it appends go
+    /// one call at a time.
+    fn streams_appends(&self) -> bool {
+        false
+    }
+
+    /// Opens a stream of appends to node `to` at `addr`: each of `requests`
+    /// is delivered in order, and the answers come back in the same order.
+    fn append_stream(
+        &self,
+        _to: NodeId,
+        _addr: &str,
+        _requests: futures::stream::BoxStream<'static, Vec<u8>>,
+    ) -> BoxFuture<'static, Result<AnswerStream, TransportError>> {
+        Box::pin(std::future::ready(Err(TransportError::Failed(
+            "this transport carries no streams".into(),
+        ))))
+    }
 }
+
+/// What openraft takes back from a stream of appends.
+type AppendAnswers<'s> = openraft::base::BoxStream<
+    's,
+    Result<openraft::raft::StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>,
+>;
+
+/// The answers of a stream of appends, in the order of the requests.
+pub type AnswerStream = futures::stream::BoxStream<'static, Result<Vec<u8>, TransportError>>;
 
 /// What a node says of itself to a peer forming a group.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -148,17 +171,14 @@ impl Consensus {
         serve(&self.raft, &self.incoming, call, payload, |_| Ok(())).await
     }
 
-    /// The gRPC peer service to serve beside the client API; with
-    /// `require_certificates`, it answers a Raft call only over a connection
-    /// whose peer certificate names the node the call comes from.
-    pub fn peer_service(&self, require_certificates: bool) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService {
-            raft: self.raft.clone(),
-            incoming: self.incoming.clone(),
-            require_certificates,
-        })
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE)
+    /// Serves a stream of appends from a peer (every transport's server
+    /// end of [`Transport::append_stream`]): answers in the order of the
+    /// requests.
+    pub fn serve_append_stream(
+        &self,
+        requests: futures::stream::BoxStream<'static, Vec<u8>>,
+    ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, String>> {
+        serve_stream(&self.raft, requests.map(Ok), |_| Ok(()))
     }
 
     /// Asks node `id` at `addr` about itself; `None` if it does not answer soon.
@@ -181,7 +201,7 @@ impl Consensus {
 
 /// Serves one call; `sender` checks that the node the call says it comes
 /// from (the leader or candidate in its vote) may send it.
-async fn serve(
+pub(super) async fn serve(
     raft: &Raft,
     incoming: &IncomingSnapshot,
     call: PeerCall,
@@ -248,298 +268,6 @@ async fn serve(
     }
 }
 
-/// The gRPC server end, over this node's Raft.
-pub struct PeerService {
-    raft: Raft,
-    incoming: IncomingSnapshot,
-    require_certificates: bool,
-}
-
-impl PeerService {
-    async fn answer(
-        &self,
-        call: PeerCall,
-        request: Request<PeerMessage>,
-    ) -> Result<Response<PeerMessage>, Status> {
-        let certificate = request.extensions().get::<PeerCertificate>().cloned();
-        if self.require_certificates && certificate.is_none() {
-            return Err(Status::unauthenticated(
-                "raft calls need a connection with a peer certificate (mutual TLS under the peer CA)",
-            ));
-        }
-        let refused = std::sync::OnceLock::new();
-        let sender = |id: NodeId| match &certificate {
-            Some(cert) if !names_node(cert, id) => {
-                let why = format!(
-                    "the peer certificate does not name node {id} ({}), the node this call comes from",
-                    peer_name(id)
-                );
-                tracing::warn!(node = id, "refused a raft call: {why}");
-                let _ = refused.set(why.clone());
-                Err(why)
-            }
-            _ => Ok(()),
-        };
-        let payload = &request.get_ref().bincode;
-        match serve(&self.raft, &self.incoming, call, payload, sender).await {
-            Ok(bincode) => Ok(Response::new(PeerMessage { bincode })),
-            Err(e) if refused.get().is_some() => Err(Status::permission_denied(e)),
-            Err(e) => Err(Status::invalid_argument(e)),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl RaftPeer for PeerService {
-    async fn append_entries(
-        &self,
-        request: Request<PeerMessage>,
-    ) -> Result<Response<PeerMessage>, Status> {
-        self.answer(PeerCall::Append, request).await
-    }
-
-    async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
-        self.answer(PeerCall::Vote, request).await
-    }
-
-    async fn pre_vote(
-        &self,
-        request: Request<PeerMessage>,
-    ) -> Result<Response<PeerMessage>, Status> {
-        self.answer(PeerCall::PreVote, request).await
-    }
-
-    async fn install_snapshot(
-        &self,
-        request: Request<PeerMessage>,
-    ) -> Result<Response<PeerMessage>, Status> {
-        self.answer(PeerCall::Snapshot, request).await
-    }
-
-    async fn transfer_leader(
-        &self,
-        request: Request<PeerMessage>,
-    ) -> Result<Response<PeerMessage>, Status> {
-        self.answer(PeerCall::TransferLeader, request).await
-    }
-
-    async fn probe(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
-        self.answer(PeerCall::Probe, request).await
-    }
-
-    async fn membership(
-        &self,
-        request: Request<PeerMessage>,
-    ) -> Result<Response<PeerMessage>, Status> {
-        self.answer(PeerCall::Membership, request).await
-    }
-}
-
-fn channel(
-    to: NodeId,
-    addr: &str,
-    source: Option<IpAddr>,
-    tls: Option<&PeerFiles>,
-) -> Option<Channel> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
-        .ok()?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_nodelay(true);
-    if let Some(tls) = tls {
-        // The peer must show a certificate for the node it is meant to be.
-        let config = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&tls.ca))
-            .identity(Identity::from_pem(&tls.cert, &tls.key))
-            .domain_name(peer_name(to));
-        endpoint = endpoint.tls_config(config).ok()?;
-    }
-    let Some(source) = source else {
-        return Some(endpoint.connect_lazy());
-    };
-    let connect = tower::service_fn(move |uri: tonic::codegen::http::Uri| async move {
-        let host = uri.host().unwrap_or_default().to_string();
-        let port = uri.port_u16().unwrap_or(80);
-        let target = tokio::net::lookup_host((host.as_str(), port))
-            .await?
-            .find(|a| a.is_ipv4() == source.is_ipv4())
-            .ok_or_else(|| std::io::Error::other(format!("no address for {host}")))?;
-        let socket = match source {
-            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-        };
-        socket.bind(SocketAddr::new(source, 0))?;
-        socket.set_nodelay(true)?;
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
-            .await
-            .map_err(|_| std::io::Error::other("connect timed out"))??;
-        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-    });
-    Some(endpoint.connect_with_connector_lazy(connect))
-}
-
-/// A peer's channel (`None`: its address is not one), and the TLS load it
-/// was made with.
-type Made = (u64, Option<Channel>);
-
-/// gRPC to each peer's `RaftPeer` service, one lazily connected channel per
-/// peer, over mutual TLS when the node has peer certificates.
-#[derive(Default)]
-pub struct GrpcTransport {
-    /// The local address connections are made from (`None`: any).
-    pub source: Option<IpAddr>,
-    tls: Option<Arc<Tls>>,
-    /// By node and address: the channel, and the TLS load it was made with.
-    channels: Mutex<HashMap<(NodeId, String), Made>>,
-    /// Each peer's reachability, so a failure is logged once per reason (a
-    /// certificate that does not name the peer, say), not per retry.
-    health: Arc<Mutex<HashMap<NodeId, PeerHealth>>>,
-}
-
-/// How long a peer that has never answered may go on not answering before
-/// it is worth a warning: nodes of a new cluster start one after another.
-const FIRST_ANSWER_WITHIN: Duration = Duration::from_secs(10);
-
-/// What the transport knows of one peer's reachability.
-#[derive(Default)]
-struct PeerHealth {
-    /// It has answered since this node started.
-    answered: bool,
-    /// Why the last calls failed, since when, and whether that was logged
-    /// at WARN.
-    failing: Option<(String, std::time::Instant, bool)>,
-}
-
-impl PeerHealth {
-    fn answered(&mut self, to: NodeId, addr: &str) {
-        if let Some((_, _, warned)) = self.failing.take() {
-            if warned {
-                tracing::info!(peer = to, %addr, "peer reachable again");
-            } else {
-                tracing::info!(peer = to, %addr, "peer reachable");
-            }
-        }
-        self.answered = true;
-    }
-
-    /// A peer that answered before and now does not is worth a warning at
-    /// once, and so is any failure but a refused connection (a certificate
-    /// that does not name the peer, say); a peer that refuses connections
-    /// and has not answered since this node started (it may still be
-    /// starting) only after [`FIRST_ANSWER_WITHIN`].
-    fn failed(&mut self, to: NodeId, addr: &str, why: String) {
-        let now = std::time::Instant::now();
-        match &mut self.failing {
-            Some((last, since, warned)) if *last == why => {
-                if !*warned && now.duration_since(*since) >= FIRST_ANSWER_WITHIN {
-                    *warned = true;
-                    tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer: it has not answered since this node started");
-                }
-            }
-            _ => {
-                let warn = self.answered || !why.contains("Connection refused");
-                if warn {
-                    tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer");
-                } else {
-                    tracing::info!(peer = to, %addr, error = %why, "peer not answering yet");
-                }
-                let since = self.failing.as_ref().map_or(now, |f| f.1);
-                self.failing = Some((why, since, warn));
-            }
-        }
-    }
-}
-
-impl GrpcTransport {
-    /// Connects from `source` (`None`: any local address), with the peer
-    /// certificates of `tls` if it has them.
-    pub fn new(source: Option<IpAddr>, tls: Option<Arc<Tls>>) -> GrpcTransport {
-        GrpcTransport {
-            source,
-            tls,
-            channels: Mutex::default(),
-            health: Arc::default(),
-        }
-    }
-
-    fn client(&self, to: NodeId, addr: &str) -> Option<RaftPeerClient<Channel>> {
-        let tls = self.tls.as_ref().and_then(|t| t.peer_client());
-        let generation = tls.as_ref().map_or(0, |t| t.generation);
-        let mut channels = self.channels.lock();
-        let entry = channels
-            .entry((to, addr.to_string()))
-            .or_insert_with(|| (generation, channel(to, addr, self.source, tls.as_ref())));
-        if entry.0 != generation {
-            // Certificates were reloaded: new connections use the new ones.
-            *entry = (generation, channel(to, addr, self.source, tls.as_ref()));
-        }
-        let channel = entry.1.clone()?;
-        Some(
-            RaftPeerClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE)
-                .max_encoding_message_size(MAX_MESSAGE),
-        )
-    }
-}
-
-impl Transport for GrpcTransport {
-    fn call(
-        &self,
-        to: NodeId,
-        addr: &str,
-        call: PeerCall,
-        payload: Vec<u8>,
-    ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>> {
-        let client = self.client(to, addr);
-        let health = self.health.clone();
-        let addr = addr.to_string();
-        Box::pin(async move {
-            let Some(mut client) = client else {
-                return Err(TransportError::Unreachable("not an address".into()));
-            };
-            let message = PeerMessage { bincode: payload };
-            let reply = match call {
-                PeerCall::Append => client.append_entries(message).await,
-                PeerCall::Vote => client.vote(message).await,
-                PeerCall::PreVote => client.pre_vote(message).await,
-                PeerCall::Snapshot => client.install_snapshot(message).await,
-                PeerCall::TransferLeader => client.transfer_leader(message).await,
-                PeerCall::Probe => client.probe(message).await,
-                PeerCall::Membership => client.membership(message).await,
-            };
-            let mut health = health.lock();
-            let peer = health.entry(to).or_default();
-            match reply {
-                Ok(reply) => {
-                    peer.answered(to, &addr);
-                    Ok(reply.into_inner().bincode)
-                }
-                Err(status) if status.code() == tonic::Code::Unavailable => {
-                    let why = reason(&status);
-                    peer.failed(to, &addr, why.clone());
-                    Err(TransportError::Unreachable(why))
-                }
-                Err(status) => Err(TransportError::Failed(reason(&status))),
-            }
-        })
-    }
-}
-
-/// A status's message and the errors under it (a TLS failure is only named
-/// in its sources).
-fn reason(status: &Status) -> String {
-    let mut why = status.message().to_string();
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        let text = e.to_string();
-        if !why.contains(&text) {
-            why = format!("{why}: {text}");
-        }
-        source = e.source();
-    }
-    why
-}
-
 /// When each peer last answered one of this node's Raft calls: on the
 /// leader, which members it hears from (a heartbeat goes every
 /// `--heartbeat`, so a member heard from long ago is cut off or down).
@@ -558,7 +286,7 @@ impl Heard {
         }
     }
 
-    fn answered(&self, peer: NodeId) {
+    pub(super) fn answered(&self, peer: NodeId) {
         let now = tokio::time::Instant::now();
         self.last.lock().insert(peer, now);
     }
@@ -611,10 +339,10 @@ pub(super) struct PeerClient {
 
 #[derive(Debug, thiserror::Error)]
 #[error("peer {target} at {addr}: {message}")]
-struct PeerError {
-    target: NodeId,
-    addr: String,
-    message: String,
+pub(super) struct PeerError {
+    pub target: NodeId,
+    pub addr: String,
+    pub message: String,
 }
 
 impl PeerClient {
@@ -671,6 +399,29 @@ impl PeerClient {
 
 impl RaftNetworkV2<TypeConfig> for PeerClient {
     type SnapshotData = SnapshotData;
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<AppendAnswers<'s>, RPCError<TypeConfig>>>
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + OptionalSend
+            + Unpin
+            + 'static,
+    {
+        if !self.transport.streams_appends() {
+            return stream_append_sequential(self, input, option);
+        }
+        let peer = Peer {
+            target: self.target,
+            addr: self.addr.clone(),
+            heard: self.heard.clone(),
+        };
+        let opened = pipelined(&*self.transport, peer, input, option);
+        Box::pin(async move { opened.await.map(|answers| answers as AppendAnswers<'s>) })
+    }
 
     async fn append_entries(
         &mut self,

@@ -168,20 +168,23 @@ impl<D: LogDisk> Writer<D> {
             self.file.sync().await?;
             self.fsync.observe(syncing.elapsed().as_secs_f64());
             self.size += bytes.len() as u64;
+            if let (Some(h), Some(last)) = (last_index, self.segments.last_mut()) {
+                last.1 = last.1.max(h);
+            }
+            // The span first: a reader that finds the entries gone from
+            // memory (they may leave once `written` passes them) must find
+            // the segment that holds them.
+            self.spans().entry(self.number).or_default().merge(span);
             if let Some(h) = last_index {
-                self.written.fetch_max(h, Ordering::Relaxed);
-                if let Some(last) = self.segments.last_mut() {
-                    last.1 = last.1.max(h);
-                }
+                self.written.fetch_max(h, Ordering::Release);
             }
             if span.truncate_from != u64::MAX {
                 // A truncation is the last write of its group (the caller
                 // waits for it before writing more): nothing at or after it
                 // is written.
                 self.written
-                    .fetch_min(span.truncate_from.saturating_sub(1), Ordering::Relaxed);
+                    .fetch_min(span.truncate_from.saturating_sub(1), Ordering::Release);
             }
-            self.spans().entry(self.number).or_default().merge(span);
         }
         if let Some(upto) = purge_upto {
             // Delete whole segments that hold nothing above the purge point,

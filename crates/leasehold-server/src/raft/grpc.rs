@@ -1,0 +1,471 @@
+//! The peer transport between processes: the `leasehold.raft.v1.RaftPeer`
+//! gRPC service (`proto/raft.proto`) each node serves on its one port
+//! ([`PeerService`]), and the client end that calls it ([`GrpcTransport`]):
+//! one lazily connected channel per peer, over mutual TLS when the node has
+//! peer certificates, from the node's own listen address when it has one.
+//! Appends go as one bidirectional stream per replication session
+//! (`AppendStream`, see [`super::append_stream`]); every other call is unary.
+
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
+use leasehold_proto::raft::raft_peer_server::{RaftPeer, RaftPeerServer};
+use leasehold_proto::raft::PeerMessage;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+use tonic::{Request, Response, Status};
+
+use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
+
+use super::append_stream::serve_stream;
+use super::peer::{
+    serve, AnswerStream, IncomingSnapshot, PeerCall, Transport, TransportError, CONNECT_TIMEOUT,
+    MAX_MESSAGE,
+};
+use super::{Consensus, NodeId, Raft};
+
+impl Consensus {
+    /// The gRPC peer service to serve beside the client API; with
+    /// `require_certificates`, it answers a Raft call only over a connection
+    /// whose peer certificate names the node the call comes from.
+    pub fn peer_service(&self, require_certificates: bool) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService {
+            raft: self.raft.clone(),
+            incoming: self.incoming.clone(),
+            require_certificates,
+        })
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
+    }
+}
+
+/// The gRPC server end, over this node's Raft.
+pub struct PeerService {
+    raft: Raft,
+    incoming: IncomingSnapshot,
+    require_certificates: bool,
+}
+
+impl PeerService {
+    /// The certificate a call came with, if one is needed and there is one.
+    // tonic's handlers answer with a `Status`; it is what they return.
+    #[allow(clippy::result_large_err)]
+    fn certificate<T>(&self, request: &Request<T>) -> Result<Option<PeerCertificate>, Status> {
+        let certificate = request.extensions().get::<PeerCertificate>().cloned();
+        if self.require_certificates && certificate.is_none() {
+            return Err(Status::unauthenticated(
+                "raft calls need a connection with a peer certificate (mutual TLS under the peer CA)",
+            ));
+        }
+        Ok(certificate)
+    }
+
+    async fn answer(
+        &self,
+        call: PeerCall,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        let certificate = self.certificate(&request)?;
+        let refused = std::sync::OnceLock::new();
+        let sender = |id: NodeId| {
+            sent_by(certificate.as_ref(), id).inspect_err(|why| {
+                let _ = refused.set(why.clone());
+            })
+        };
+        let payload = &request.get_ref().bincode;
+        match serve(&self.raft, &self.incoming, call, payload, sender).await {
+            Ok(bincode) => Ok(Response::new(PeerMessage { bincode })),
+            Err(e) if refused.get().is_some() => Err(Status::permission_denied(e)),
+            Err(e) => Err(Status::invalid_argument(e)),
+        }
+    }
+}
+
+/// One answer of a stream of appends, as gRPC sends it.
+#[allow(clippy::result_large_err)]
+fn stream_message(answer: Result<Vec<u8>, String>) -> Result<PeerMessage, Status> {
+    answer
+        .map(|bincode| PeerMessage { bincode })
+        .map_err(Status::invalid_argument)
+}
+
+/// Whether a call that says it comes from node `id` may: over mutual TLS,
+/// only if the connection's certificate names that node.
+fn sent_by(certificate: Option<&PeerCertificate>, id: NodeId) -> Result<(), String> {
+    match certificate {
+        Some(cert) if !names_node(cert, id) => {
+            let why = format!(
+                "the peer certificate does not name node {id} ({}), the node this call comes from",
+                peer_name(id)
+            );
+            tracing::warn!(node = id, "refused a raft call: {why}");
+            Err(why)
+        }
+        _ => Ok(()),
+    }
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    type AppendStreamStream = futures::stream::BoxStream<'static, Result<PeerMessage, Status>>;
+
+    async fn append_stream(
+        &self,
+        request: Request<tonic::Streaming<PeerMessage>>,
+    ) -> Result<Response<Self::AppendStreamStream>, Status> {
+        let certificate = self.certificate(&request)?;
+        let requests = request
+            .into_inner()
+            .map(|m| m.map(|m| m.bincode).map_err(|s| s.message().to_string()));
+        let sender = move |id: NodeId| sent_by(certificate.as_ref(), id);
+        let answers = serve_stream(&self.raft, requests, sender).map(stream_message);
+        Ok(Response::new(answers.boxed()))
+    }
+
+    async fn append_entries(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::Append, request).await
+    }
+
+    async fn vote(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::Vote, request).await
+    }
+
+    async fn pre_vote(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::PreVote, request).await
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::Snapshot, request).await
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::TransferLeader, request).await
+    }
+
+    async fn probe(&self, request: Request<PeerMessage>) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::Probe, request).await
+    }
+
+    async fn membership(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::Membership, request).await
+    }
+}
+
+fn channel(
+    to: NodeId,
+    addr: &str,
+    source: Option<IpAddr>,
+    tls: Option<&PeerFiles>,
+) -> Option<Channel> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Channel::from_shared(format!("{scheme}://{addr}"))
+        .ok()?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        // The peer must show a certificate for the node it is meant to be.
+        let config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&tls.ca))
+            .identity(Identity::from_pem(&tls.cert, &tls.key))
+            .domain_name(peer_name(to));
+        endpoint = endpoint.tls_config(config).ok()?;
+    }
+    let Some(source) = source else {
+        return Some(endpoint.connect_lazy());
+    };
+    let connect = tower::service_fn(move |uri: tonic::codegen::http::Uri| async move {
+        let host = uri.host().unwrap_or_default().to_string();
+        let port = uri.port_u16().unwrap_or(80);
+        let target = tokio::net::lookup_host((host.as_str(), port))
+            .await?
+            .find(|a| a.is_ipv4() == source.is_ipv4())
+            .ok_or_else(|| std::io::Error::other(format!("no address for {host}")))?;
+        let socket = match source {
+            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        socket.set_nodelay(true)?;
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
+            .await
+            .map_err(|_| std::io::Error::other("connect timed out"))??;
+        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+    });
+    Some(endpoint.connect_with_connector_lazy(connect))
+}
+
+/// A peer's channel (`None`: its address is not one), and the TLS load it
+/// was made with.
+type Made = (u64, Option<Channel>);
+
+/// gRPC to each peer's `RaftPeer` service, one lazily connected channel per
+/// peer, over mutual TLS when the node has peer certificates.
+#[derive(Default)]
+pub struct GrpcTransport {
+    /// The local address connections are made from (`None`: any).
+    pub source: Option<IpAddr>,
+    tls: Option<Arc<Tls>>,
+    /// By node and address: the channel, and the TLS load it was made with.
+    channels: Mutex<HashMap<(NodeId, String), Made>>,
+    /// Each peer's reachability, so a failure is logged once per reason (a
+    /// certificate that does not name the peer, say), not per retry.
+    health: Arc<Mutex<HashMap<NodeId, PeerHealth>>>,
+}
+
+/// How long a peer that has never answered may go on not answering before
+/// it is worth a warning: nodes of a new cluster start one after another.
+const FIRST_ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// What the transport knows of one peer's reachability.
+#[derive(Default)]
+struct PeerHealth {
+    /// It has answered since this node started.
+    answered: bool,
+    /// Why the last calls failed, since when, and whether that was logged
+    /// at WARN.
+    failing: Option<(String, std::time::Instant, bool)>,
+}
+
+impl PeerHealth {
+    fn answered(&mut self, to: NodeId, addr: &str) {
+        if let Some((_, _, warned)) = self.failing.take() {
+            if warned {
+                tracing::info!(peer = to, %addr, "peer reachable again");
+            } else {
+                tracing::info!(peer = to, %addr, "peer reachable");
+            }
+        }
+        self.answered = true;
+    }
+
+    /// A peer that answered before and now does not is worth a warning at
+    /// once, and so is any failure but a refused connection (a certificate
+    /// that does not name the peer, say); a peer that refuses connections
+    /// and has not answered since this node started (it may still be
+    /// starting) only after [`FIRST_ANSWER_WITHIN`].
+    fn failed(&mut self, to: NodeId, addr: &str, why: String) {
+        let now = std::time::Instant::now();
+        match &mut self.failing {
+            Some((last, since, warned)) if *last == why => {
+                if !*warned && now.duration_since(*since) >= FIRST_ANSWER_WITHIN {
+                    *warned = true;
+                    tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer: it has not answered since this node started");
+                }
+            }
+            _ => {
+                let warn = self.answered || !why.contains("Connection refused");
+                if warn {
+                    tracing::warn!(peer = to, %addr, error = %why, "cannot reach peer");
+                } else {
+                    tracing::info!(peer = to, %addr, error = %why, "peer not answering yet");
+                }
+                let since = self.failing.as_ref().map_or(now, |f| f.1);
+                self.failing = Some((why, since, warn));
+            }
+        }
+    }
+}
+
+impl GrpcTransport {
+    /// Connects from `source` (`None`: any local address), with the peer
+    /// certificates of `tls` if it has them.
+    pub fn new(source: Option<IpAddr>, tls: Option<Arc<Tls>>) -> GrpcTransport {
+        GrpcTransport {
+            source,
+            tls,
+            channels: Mutex::default(),
+            health: Arc::default(),
+        }
+    }
+
+    fn client(&self, to: NodeId, addr: &str) -> Option<RaftPeerClient<Channel>> {
+        let tls = self.tls.as_ref().and_then(|t| t.peer_client());
+        let generation = tls.as_ref().map_or(0, |t| t.generation);
+        let mut channels = self.channels.lock();
+        let entry = channels
+            .entry((to, addr.to_string()))
+            .or_insert_with(|| (generation, channel(to, addr, self.source, tls.as_ref())));
+        if entry.0 != generation {
+            // Certificates were reloaded: new connections use the new ones.
+            *entry = (generation, channel(to, addr, self.source, tls.as_ref()));
+        }
+        let channel = entry.1.clone()?;
+        Some(
+            RaftPeerClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+    }
+}
+
+impl Transport for GrpcTransport {
+    fn call(
+        &self,
+        to: NodeId,
+        addr: &str,
+        call: PeerCall,
+        payload: Vec<u8>,
+    ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>> {
+        let client = self.client(to, addr);
+        let health = self.health.clone();
+        let addr = addr.to_string();
+        Box::pin(async move {
+            let Some(mut client) = client else {
+                return Err(TransportError::Unreachable("not an address".into()));
+            };
+            let message = PeerMessage { bincode: payload };
+            let reply = match call {
+                PeerCall::Append => client.append_entries(message).await,
+                PeerCall::Vote => client.vote(message).await,
+                PeerCall::PreVote => client.pre_vote(message).await,
+                PeerCall::Snapshot => client.install_snapshot(message).await,
+                PeerCall::TransferLeader => client.transfer_leader(message).await,
+                PeerCall::Probe => client.probe(message).await,
+                PeerCall::Membership => client.membership(message).await,
+            };
+            match reply {
+                Ok(reply) => {
+                    health.lock().entry(to).or_default().answered(to, &addr);
+                    Ok(reply.into_inner().bincode)
+                }
+                Err(status) => Err(GrpcTransport::failure(&health, to, &addr, &status)),
+            }
+        })
+    }
+
+    fn streams_appends(&self) -> bool {
+        true
+    }
+
+    fn append_stream(
+        &self,
+        to: NodeId,
+        addr: &str,
+        requests: futures::stream::BoxStream<'static, Vec<u8>>,
+    ) -> BoxFuture<'static, Result<AnswerStream, TransportError>> {
+        let client = self.client(to, addr);
+        let health = self.health.clone();
+        let addr = addr.to_string();
+        Box::pin(async move {
+            let Some(mut client) = client else {
+                return Err(TransportError::Unreachable("not an address".into()));
+            };
+            match open_append_stream(&mut client, requests).await {
+                Ok((answers, forwarding)) => {
+                    health.lock().entry(to).or_default().answered(to, &addr);
+                    Ok(answer_stream(answers, forwarding, health, to, addr))
+                }
+                Err(status) => Err(GrpcTransport::failure(&health, to, &addr, &status)),
+            }
+        })
+    }
+}
+
+impl GrpcTransport {
+    /// How a call's status reads to the caller; a peer that cannot be
+    /// reached is noted in its health.
+    fn failure(
+        health: &Mutex<HashMap<NodeId, PeerHealth>>,
+        to: NodeId,
+        addr: &str,
+        status: &Status,
+    ) -> TransportError {
+        if status.code() == tonic::Code::Unavailable {
+            let why = reason(status);
+            health
+                .lock()
+                .entry(to)
+                .or_default()
+                .failed(to, addr, why.clone());
+            TransportError::Unreachable(why)
+        } else {
+            TransportError::Failed(reason(status))
+        }
+    }
+}
+
+/// The answers of a gRPC stream of appends, as the transport gives them.
+fn answer_stream(
+    answers: tonic::Streaming<PeerMessage>,
+    forwarding: AbortOnDrop,
+    health: Arc<Mutex<HashMap<NodeId, PeerHealth>>>,
+    to: NodeId,
+    addr: String,
+) -> AnswerStream {
+    answers
+        .map(move |answer| {
+            // Held by the stream, so the forwarding stops when it is dropped.
+            let _forwarding = &forwarding;
+            match answer {
+                Ok(message) => Ok(message.bincode),
+                Err(status) => Err(GrpcTransport::failure(&health, to, &addr, &status)),
+            }
+        })
+        .boxed()
+}
+
+/// Opens the gRPC stream; `requests` are forwarded into it in order (the
+/// channel between holds one, so the stream's back-pressure reaches them)
+/// until the returned guard is dropped.
+async fn open_append_stream(
+    client: &mut RaftPeerClient<Channel>,
+    mut requests: futures::stream::BoxStream<'static, Vec<u8>>,
+) -> Result<(tonic::Streaming<PeerMessage>, AbortOnDrop), Status> {
+    let (forward, messages) = tokio::sync::mpsc::channel(1);
+    let forwarding = tokio::spawn(async move {
+        while let Some(bincode) = requests.next().await {
+            if forward.send(PeerMessage { bincode }).await.is_err() {
+                break;
+            }
+        }
+    });
+    // Dropped with the answers: openraft's request stream is then dropped
+    // too, not left waiting for entries to send on a stream nobody reads.
+    let guard = AbortOnDrop(forwarding.abort_handle());
+    let messages = tokio_stream::wrappers::ReceiverStream::new(messages);
+    Ok((client.append_stream(messages).await?.into_inner(), guard))
+}
+
+/// Stops a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A status's message and the errors under it (a TLS failure is only named
+/// in its sources).
+fn reason(status: &Status) -> String {
+    let mut why = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !why.contains(&text) {
+            why = format!("{why}: {text}");
+        }
+        source = e.source();
+    }
+    why
+}
