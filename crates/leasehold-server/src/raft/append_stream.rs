@@ -27,11 +27,14 @@ use openraft::OptionalSend;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use super::peer::{decode, encode, Heard, PeerError, Transport, TransportError};
+use super::peer::{decode, encode, AnswerStream, Heard, PeerError, Transport, TransportError};
 use super::{NodeId, Raft, TypeConfig};
 
 /// Appends sent to one follower and not yet answered, at most.
 pub(super) const APPENDS_IN_FLIGHT: usize = 16;
+/// A stream that sends nothing yet must be open within this long (as long
+/// as a connection may take: `peer::CONNECT_TIMEOUT`).
+const OPEN_WITHIN: Duration = Duration::from_millis(500);
 
 type Answers = BoxStream<'static, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>;
 
@@ -94,41 +97,67 @@ where
             .filter_map(std::future::ready)
             .boxed()
     };
-    let opened = transport.append_stream(peer.target, &peer.addr, requests);
-    Box::pin(async move {
-        let answers = match tokio::time::timeout(within, opened).await {
-            Ok(Ok(answers)) => answers,
-            Ok(Err(e)) => return Err(peer.transport_error(e)),
-            Err(_) => {
-                return Err(peer.network(format!("no stream of appends within {within:?}")));
-            }
-        };
-        let state = (answers, Closing(in_flight), peer);
-        let answers = futures::stream::unfold(Some(state), move |state| async move {
-            let (mut answers, in_flight, peer) = state?;
-            let answer = next_answer(&mut answers, &in_flight.0, &peer, within).await?;
-            let go_on = matches!(answer, Ok(Ok(_)));
-            Some((answer, go_on.then_some((answers, in_flight, peer))))
-        });
-        Ok(answers.boxed())
-    })
+    // Not waited for here: the first requests go out with the opening, and
+    // the deadline of the oldest unanswered one covers the opening too. A
+    // stream that opens sending nothing must open within OPEN_WITHIN.
+    let opening = Opened::Opening(
+        transport.append_stream(peer.target, &peer.addr, requests),
+        Instant::now() + within.max(OPEN_WITHIN),
+    );
+    let state = (opening, Closing(in_flight), peer);
+    let answers = futures::stream::unfold(Some(state), move |state| async move {
+        let (mut answers, in_flight, peer) = state?;
+        let answer = next_answer(&mut answers, &in_flight.0, &peer, within).await?;
+        let go_on = matches!(answer, Ok(Ok(_)));
+        Some((answer, go_on.then_some((answers, in_flight, peer))))
+    });
+    Box::pin(std::future::ready(Ok(answers.boxed() as Answers)))
+}
+
+/// The transport's stream, while it opens and once it is open.
+enum Opened {
+    /// Opening, to be open by the instant.
+    Opening(
+        BoxFuture<'static, Result<AnswerStream, TransportError>>,
+        Instant,
+    ),
+    Open(AnswerStream),
 }
 
 /// Waits for the next answer; `None` once the stream has ended cleanly.
 async fn next_answer(
-    answers: &mut BoxStream<'static, Result<Vec<u8>, TransportError>>,
+    answers: &mut Opened,
     in_flight: &InFlight,
     peer: &Peer,
     within: Duration,
 ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
     loop {
         let oldest = in_flight.sent.lock().front().copied();
-        let answer = tokio::select! {
-            answer = answers.next() => answer,
-            _ = tokio::time::sleep_until(oldest.map_or_else(Instant::now, |t| t + within)), if oldest.is_some() => {
-                return Some(Err(peer.network(format!("an append was not answered within {within:?}"))));
+        let deadline = tokio::time::sleep_until(oldest.map_or_else(Instant::now, |t| t + within));
+        let answer = match answers {
+            Opened::Opening(opening, by) => {
+                let by = oldest.map_or(*by, |t| (*by).min(t + within));
+                tokio::select! {
+                    opened = opening => match opened {
+                        Ok(open) => {
+                            *answers = Opened::Open(open);
+                            continue;
+                        }
+                        Err(e) => return Some(Err(peer.transport_error(e))),
+                    },
+                    _ = tokio::time::sleep_until(by) => {
+                        return Some(Err(peer.network("the stream of appends did not open in time".into())));
+                    }
+                    _ = in_flight.first_sent.notified(), if oldest.is_none() => continue,
+                }
             }
-            _ = in_flight.first_sent.notified(), if oldest.is_none() => continue,
+            Opened::Open(open) => tokio::select! {
+                answer = open.next() => answer,
+                _ = deadline, if oldest.is_some() => {
+                    return Some(Err(peer.network(format!("an append was not answered within {within:?}"))));
+                }
+                _ = in_flight.first_sent.notified(), if oldest.is_none() => continue,
+            },
         };
         let Some(answer) = answer else {
             if let Some(why) = in_flight.broken.lock().take() {

@@ -411,7 +411,10 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             + Unpin
             + 'static,
     {
-        if !self.transport.streams_appends() {
+        // A stream of one request (openraft's heartbeats are) goes as one
+        // call: opening a stream for it would cost more than it saves.
+        let at_most_one = matches!(input.size_hint().1, Some(n) if n <= 1);
+        if at_most_one || !self.transport.streams_appends() {
             return stream_append_sequential(self, input, option);
         }
         let peer = Peer {
