@@ -206,7 +206,10 @@ def main():
     stores = [(name, start()) for key, name, start in starters if key in wanted or key == "leaseholdd"]
     pids = {name: pid for name, (_, pid) in stores}
     stores = [(name, url) for name, (url, _) in stores]
-    cells = [("cycle", 50), ("cycle", 1), ("contended", 50)]
+    cells = [("cycle", 50), ("cycle", 200), ("cycle", 1), ("contended", 50)]
+    if os.environ.get("CELLS"):
+        # e.g. CELLS=cycle:50,cycle:200,cycle:1
+        cells = [(w, int(c)) for w, c in (x.split(":") for x in os.environ["CELLS"].split(","))]
     # Runs are interleaved (run 1 of every store, then run 2, ...) so that a
     # slow spell of the machine falls on every store, not on one.
     runs = {(name, w, c): [] for name, _ in stores for w, c in cells}
@@ -247,11 +250,13 @@ def main():
     if KILLS:
         sys.path.insert(0, os.path.join(ROOT, "bench"))
         import failover as fo
-        print(f"leaseholdd (3 nodes): failover, {KILLS} leader kills under cycle x50 ...", flush=True)
-        try:
-            failover = fo.run(KILLS, 50, log=lambda line: print("  " + line, flush=True))
-        except (Exception, SystemExit) as e:
-            failover = {"error": str(e)}
+        for stop in ("kill", "term"):
+            what = "kill -9" if stop == "kill" else "SIGTERM (planned restart)"
+            print(f"leaseholdd (3 nodes): {KILLS} leader stops by {what} under cycle x50 ...", flush=True)
+            try:
+                failover[stop] = fo.run(KILLS, 50, log=lambda line: print("  " + line, flush=True), stop=stop)
+            except (Exception, SystemExit) as e:
+                failover[stop] = {"error": str(e)}
 
     write_results(stores, cells, results, hold, keep, failover)
 
@@ -272,26 +277,34 @@ def fmt_cell(r, base):
     return f"{r['ops_per_sec']:,.0f}/s, p50 {r['latency_ms']['p50']:.2f} ms, p99 {r['latency_ms']['p99']:.2f} ms ({ratio:.2f}x)"
 
 
-def fmt_failover(r):
-    if not r:
-        return []
-    if "error" in r:
-        return [f"failover: error: {r['error'][:200]}"]
-    return ["", f"failover (3-node leaseholdd, `bench/failover.py`): the leader `kill -9`ed {r['kills']} times under the "
-            f"`cycle` load of {r['load_clients']} clients; from each kill to the first successful acquire at a client: "
-            f"p50 {r['p50_ms']:.0f} ms, max {r['max_ms']:.0f} ms; locks lost by a TTL 2 s holder renewing through "
-            f"each failover: {r['locks_lost']} of {r['kills']}."]
+def fmt_failover(runs):
+    lines = []
+    for stop, r in runs.items():
+        how = "`kill -9`ed" if stop == "kill" else "stopped with SIGTERM (a planned restart)"
+        if "error" in r:
+            lines.append(f"failover ({stop}): error: {r['error'][:200]}")
+            continue
+        lines += ["", f"failover (3-node leaseholdd, `bench/failover.py --stop {stop}`): the leader {how} {r['kills']} "
+                  f"times under the `cycle` load of {r['load_clients']} clients; from each stop to the first successful "
+                  f"acquire at a client: p50 {r['p50_ms']:.0f} ms, max {r['max_ms']:.0f} ms; the longest pause between "
+                  f"two successful acquires of a client acquiring without a break: p50 {r['pause_p50_ms']:.0f} ms, "
+                  f"max {r['pause_max_ms']:.0f} ms; locks lost by a TTL 2 s holder renewing through each: "
+                  f"{r['locks_lost']} of {r['kills']}."]
+    return lines
 
 
 def fmt_cluster_targets(stores, results):
     """The cluster's ratios: 3-node leaseholdd against 3-node etcd and Redis fsync-always."""
     names = [n for n, _ in stores]
     lines = []
-    for w, c in (("cycle", 50), ("cycle", 1)):
+    for w, c in (("cycle", 50), ("cycle", 200), ("cycle", 1)):
         lh = results.get(("leaseholdd (3 nodes)", w, c))
         if not lh or "error" in lh:
             continue
         parts = []
+        single = results.get(("leaseholdd", w, c))
+        if c == 1 and single and "error" not in single:
+            parts.append(f"p50 {lh['latency_ms']['p50'] / single['latency_ms']['p50']:.2f}x the single node's")
         for other in ("etcd (3 members)", "redis (appendfsync always)", "leaseholdd"):
             r = results.get((other, w, c))
             if other in names and r and "error" not in r and r["ops_per_sec"]:

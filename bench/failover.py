@@ -7,11 +7,14 @@ all three endpoints), keeps a holder of TTL 2 s renewing its lease every
 TTL/3 through whichever node leads, and `kill -9`s the leader N times
 (restarting it after each round). For each kill it reports the time from the
 kill to the first successful acquire at a client that follows `not_leader`
-hints and rotates past dead nodes, and whether the holder's lock survived.
+hints and rotates past dead nodes, the longest pause between two successful
+acquires of a client acquiring without a break, and whether the holder's
+lock survived. With `--stop term` the leader is stopped with SIGTERM
+instead (a planned restart: it hands leadership over before it exits).
 Stops exactly the processes it started.
 
     cargo build --release --bin leaseholdd --bin leasehold
-    python3 bench/failover.py [--kills 10] [--load-clients 50] [--json]
+    python3 bench/failover.py [--kills 10] [--load-clients 50] [--stop kill|term] [--json]
 
 `bench/compare.py` runs it too, for its failover table.
 """
@@ -72,8 +75,8 @@ class Cluster:
              "--data-dir", self.data_dirs[i], *NODE_ARGS],
             stdout=log, stderr=log)
 
-    def kill(self, i):
-        self.procs[i].send_signal(signal.SIGKILL)
+    def kill(self, i, how=signal.SIGKILL):
+        self.procs[i].send_signal(how)
         self.procs[i].wait()
 
     def leader(self):
@@ -160,15 +163,37 @@ class Holder(threading.Thread):
                 time.sleep(0.05)
 
 
-def run(kills=10, load_clients=50, log=print):
-    """Kills the leader `kills` times under a cycle load; the figures as a dict."""
+class Prober(threading.Thread):
+    """Acquires short-lived locks without a break, noting when each succeeds."""
+
+    def __init__(self, cluster, name):
+        super().__init__(daemon=True)
+        self.cluster, self.name, self.stop_flag, self.ok = cluster, name, threading.Event(), []
+
+    def run(self):
+        n = 0
+        while not self.stop_flag.is_set():
+            n += 1
+            if acquire_anywhere(self.cluster, f"{self.name}-{n}", 1000, time.monotonic() + 1):
+                self.ok.append(time.monotonic())
+
+    def longest_pause(self, since, until):
+        """The longest time between two successes (or `since`/`until`) in the window."""
+        marks = [since] + [t for t in self.ok if since < t < until] + [until]
+        return max(b - a for a, b in zip(marks, marks[1:]))
+
+
+def run(kills=10, load_clients=50, log=print, stop="kill"):
+    """Stops the leader `kills` times (`kill -9`, or SIGTERM with stop="term")
+    under a cycle load; the figures as a dict."""
+    how = signal.SIGTERM if stop == "term" else signal.SIGKILL
     for b in (BIN, CLI):
         if not os.path.exists(b):
             raise SystemExit("build first: cargo build --release --bin leaseholdd --bin leasehold")
     workdir = tempfile.mkdtemp(prefix="leasehold-failover-")
     cluster = Cluster(3, workdir)
     load = None
-    times, lost = [], 0
+    times, pauses, lost = [], [], 0
     try:
         cluster.wait_leader(20)
         if load_clients:
@@ -181,24 +206,33 @@ def run(kills=10, load_clients=50, log=print):
         for k in range(kills):
             holder = Holder(cluster, f"held-{k}")
             holder.start()
+            prober = Prober(cluster, f"probe-{k}")
+            prober.start()
             time.sleep(1.0)
             leader = cluster.wait_leader()
             killed = time.monotonic()
-            cluster.kill(leader)
-            g = acquire_anywhere(cluster, f"probe-{k}", 5000, killed + 10)
+            cluster.kill(leader, how)
+            g = acquire_anywhere(cluster, f"first-{k}", 5000, killed + 10)
             took = time.monotonic() - killed
             time.sleep(2.5)  # past the holder's TTL: its lock must still be held
             holder.stop_flag.set()
+            prober.stop_flag.set()
             holder.join()
+            prober.join()
+            pause = prober.longest_pause(killed - 0.5, killed + 2.5)
             survived = holder.lost is None
             lost += 0 if survived else 1
             times.append(took if g else float("inf"))
-            log(f"kill {k + 1}: first acquire after {took * 1000:.0f} ms; TTL 2 s holder {'kept its lock' if survived else 'LOST: ' + holder.lost}")
+            pauses.append(pause)
+            log(f"{stop} {k + 1}: first acquire after {took * 1000:.0f} ms, longest pause {pause * 1000:.0f} ms; "
+                f"TTL 2 s holder {'kept its lock' if survived else 'LOST: ' + holder.lost}")
             cluster.start(leader)
             time.sleep(1.0)
         ms = sorted(t * 1000 for t in times)
-        return {"kills": len(ms), "load_clients": load_clients, "p50_ms": statistics.median(ms),
-                "max_ms": ms[-1], "locks_lost": lost, "times_ms": ms}
+        paused = sorted(p * 1000 for p in pauses)
+        return {"kills": len(ms), "stop": stop, "load_clients": load_clients, "p50_ms": statistics.median(ms),
+                "max_ms": ms[-1], "pause_p50_ms": statistics.median(paused), "pause_max_ms": paused[-1],
+                "locks_lost": lost, "times_ms": ms, "pauses_ms": paused}
     finally:
         if load and load.poll() is None:
             load.kill()
@@ -211,14 +245,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--load-clients", type=int, default=50, help="cycle clients during the kills (0: none)")
+    ap.add_argument("--stop", choices=["kill", "term"], default="kill",
+                    help="how the leader is stopped: kill -9, or SIGTERM (a planned restart)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    r = run(args.kills, args.load_clients)
+    r = run(args.kills, args.load_clients, stop=args.stop)
     if args.json:
         print(json.dumps(r))
     else:
-        print(f"failover over {r['kills']} kills under cycle x{r['load_clients']}: p50 {r['p50_ms']:.0f} ms, "
-              f"max {r['max_ms']:.0f} ms; locks lost: {r['locks_lost']}")
+        print(f"{r['kills']} leader stops ({r['stop']}) under cycle x{r['load_clients']}: first acquire p50 "
+              f"{r['p50_ms']:.0f} ms, max {r['max_ms']:.0f} ms; longest pause p50 {r['pause_p50_ms']:.0f} ms, "
+              f"max {r['pause_max_ms']:.0f} ms; locks lost: {r['locks_lost']}")
 
 
 if __name__ == "__main__":
