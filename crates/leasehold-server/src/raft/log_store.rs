@@ -79,23 +79,75 @@ enum RecordRef<'a> {
     Purge(LogId),
 }
 
-/// Applied entries kept in memory below the newest applied one; older ones
-/// are read back from disk if ever asked for.
+/// Applied entries always kept in memory below the newest applied one.
 const APPLIED_KEPT_IN_MEMORY: u64 = 64;
+
+/// Older applied entries stay in memory too while all the entries in memory
+/// take less than this (encoded); past it, the oldest are read back from
+/// the segments if ever asked for. A new leader finds where each follower's
+/// log matches its own by probing its log by binary search, one round trip
+/// a probe: a probe that had to replay a segment took 23 ms, and a planned
+/// restart's pause was mostly such reads. (Between snapshots a busy server
+/// appends ~100k commands, about 10 MiB.)
+const MEMORY_BUDGET: usize = 16 << 20;
 
 /// Writes waiting for the writer before `append` waits too: back-pressure
 /// on openraft when the disk falls behind.
 const QUEUED_WRITES: usize = 256;
 
 /// What the log holds in memory: every entry not yet purged, except applied
-/// ones below `memory_floor`, which are only on disk. (Between snapshots a
-/// busy server appends ~100k commands; keeping them all cost ~10 MiB.)
+/// ones below `memory_floor`, which are only on disk.
 #[derive(Default)]
 struct Entries {
     entries: BTreeMap<u64, Entry>,
+    /// The encoded size of each entry in `entries`, and their sum.
+    sizes: BTreeMap<u64, usize>,
+    bytes: usize,
     last_purged: Option<LogId>,
     /// Entries below this index (and above `last_purged`) are on disk only.
     memory_floor: u64,
+}
+
+impl Entries {
+    fn insert(&mut self, entry: Entry, size: usize) {
+        let index = entry.log_id.index;
+        if let Some(old) = self.sizes.insert(index, size) {
+            self.bytes -= old;
+        }
+        self.bytes += size;
+        self.entries.insert(index, entry);
+    }
+
+    /// Drops the entries at and after `from`.
+    fn cut_from(&mut self, from: u64) {
+        self.entries.split_off(&from);
+        let gone = self.sizes.split_off(&from);
+        self.bytes -= gone.values().sum::<usize>();
+    }
+
+    /// Drops the entries below `below`.
+    fn drop_below(&mut self, below: u64) {
+        self.entries = self.entries.split_off(&below);
+        let kept = self.sizes.split_off(&below);
+        let gone = std::mem::replace(&mut self.sizes, kept);
+        self.bytes -= gone.values().sum::<usize>();
+    }
+
+    /// Lets the oldest entries below `keep_from` leave memory while the
+    /// entries take more than `budget`.
+    fn shed(&mut self, keep_from: u64, budget: usize) {
+        while self.bytes > budget {
+            let Some((&index, _)) = self.entries.first_key_value() else {
+                return;
+            };
+            if index >= keep_from {
+                return;
+            }
+            self.entries.remove(&index);
+            self.bytes -= self.sizes.remove(&index).unwrap_or(0);
+            self.memory_floor = self.memory_floor.max(index + 1);
+        }
+    }
 }
 
 /// The Raft log store, on a real directory ([`FsDisk`]) or any other
@@ -116,6 +168,8 @@ pub struct LogStore<D: LogDisk = FsDisk> {
     segments_read: Arc<AtomicU64>,
     /// The highest index the state machine has applied (0: none yet).
     applied: Arc<AtomicU64>,
+    /// How much the entries in memory may take before applied ones leave.
+    memory_budget: usize,
 }
 
 /// What a segment's records touch: the segment can matter to a read of
@@ -191,6 +245,7 @@ impl<D: LogDisk> Clone for LogStore<D> {
             #[cfg(test)]
             segments_read: self.segments_read.clone(),
             applied: self.applied.clone(),
+            memory_budget: self.memory_budget,
         }
     }
 }
@@ -326,6 +381,16 @@ impl<D: LogDisk> LogStore<D> {
                 (1, file, 0)
             }
         };
+        state.sizes = state
+            .entries
+            .iter()
+            .map(|(&index, entry)| {
+                // As `encode` frames it: the payload and its 8-byte header.
+                let size = bincode::serialized_size(&RecordRef::Entry(entry)).unwrap_or(0) + 8;
+                (index, usize::try_from(size).unwrap_or(0))
+            })
+            .collect();
+        state.bytes = state.sizes.values().sum();
         let spans: Spans = Arc::new(Mutex::new(spans));
         let written = Arc::new(AtomicU64::new(
             state.entries.last_key_value().map_or(0, |(&i, _)| i),
@@ -352,7 +417,15 @@ impl<D: LogDisk> LogStore<D> {
             #[cfg(test)]
             segments_read: Arc::new(AtomicU64::new(0)),
             applied: Arc::new(AtomicU64::new(0)),
+            memory_budget: MEMORY_BUDGET,
         })
+    }
+
+    /// Sets how much the entries in memory may take before applied ones
+    /// leave (0: every applied one but the newest few leaves at once).
+    #[cfg(test)]
+    pub fn set_memory_budget(&mut self, budget: usize) {
+        self.memory_budget = budget;
     }
 
     /// How many entries the log holds in memory.
@@ -596,27 +669,21 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
         {
             let mut state = self.lock();
             for entry in entries {
+                let before = bytes.len();
                 encode(&RecordRef::Entry(&entry), &mut bytes)?;
                 last_index = Some(entry.log_id.index);
                 span.entry(entry.log_id.index);
-                state.entries.insert(entry.log_id.index, entry);
+                state.insert(entry, bytes.len() - before);
             }
             // Applied entries already written to a segment are in the state
-            // machine and on disk: let all but the newest few leave memory.
-            let floor = self
+            // machine and on disk: all but the newest few may leave memory,
+            // the oldest first, once the entries take more than the budget.
+            let keep_from = self
                 .applied
                 .load(Ordering::Relaxed)
                 .min(self.written.load(Ordering::Acquire))
                 .saturating_sub(APPLIED_KEPT_IN_MEMORY);
-            if floor > state.memory_floor
-                && state
-                    .entries
-                    .first_key_value()
-                    .is_some_and(|(&i, _)| i < floor)
-            {
-                state.entries = state.entries.split_off(&floor);
-                state.memory_floor = floor;
-            }
+            state.shed(keep_from, self.memory_budget);
         }
         let records = Records {
             bytes,
@@ -630,7 +697,7 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
 
     async fn truncate_after(&mut self, last_kept: Option<LogId>) -> io::Result<()> {
         let from = last_kept.map_or(0, |l| l.index + 1);
-        self.lock().entries.split_off(&from);
+        self.lock().cut_from(from);
         // What was written at and after `from` is gone: it must not let a
         // newer entry of the same index leave memory before that is written.
         self.written
@@ -655,7 +722,7 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
         encode(&RecordRef::Purge(log_id), &mut bytes)?;
         {
             let mut state = self.lock();
-            state.entries = state.entries.split_off(&(index + 1));
+            state.drop_below(index + 1);
             state.last_purged = Some(log_id);
         }
         let mut span = Span::default();

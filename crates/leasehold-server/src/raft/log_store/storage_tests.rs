@@ -225,6 +225,7 @@ async fn a_read_from_disk_replays_only_the_segments_it_needs() {
     use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut log = LogStore::open(dir.path()).expect("open");
+    log.set_memory_budget(0);
     for chunk in (1..=300).collect::<Vec<u64>>().chunks(20) {
         append(&mut log, chunk.iter().map(|&i| big(i)).collect()).await;
     }
@@ -253,6 +254,7 @@ async fn a_read_from_disk_replays_only_the_segments_it_needs() {
     // Reopened, the spans are rebuilt from the files.
     drop(log);
     let mut log = LogStore::open(dir.path()).expect("reopen");
+    log.set_memory_budget(0);
     log.applied_index().store(301, Ordering::Relaxed);
     append(&mut log, vec![big(302)]).await;
     let got = log.try_get_log_entries(150..152).await.unwrap();
@@ -268,6 +270,7 @@ async fn applied_entries_leave_memory_and_are_read_back_from_disk() {
     use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut log = LogStore::open(dir.path()).expect("open");
+    log.set_memory_budget(0);
     append(&mut log, (1..=200).map(blank).collect()).await;
     log.truncate_after(Some(blank(189).log_id)).await.unwrap();
     log.purge(blank(5).log_id).await.unwrap();
@@ -288,6 +291,37 @@ async fn applied_entries_leave_memory_and_are_read_back_from_disk() {
     );
     let state = log.get_log_state().await.unwrap();
     assert_eq!(state.last_log_id.map(|l| l.index), Some(210));
+}
+
+/// Applied entries stay in memory while they fit the budget, so the probes
+/// of a new leader (a binary search over the log) read no segment; past
+/// it, the oldest leave first, and the newest applied ones always stay.
+#[tokio::test]
+async fn applied_entries_stay_in_memory_while_they_fit_the_budget() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut log = LogStore::open(dir.path()).expect("open");
+    append(&mut log, (1..=200).map(blank).collect()).await;
+    log.applied_index().store(200, Ordering::Relaxed);
+    append(&mut log, vec![blank(201)]).await;
+    assert_eq!(log.entries_in_memory(), 201);
+    let got = log.try_get_log_entries(10..20).await.unwrap();
+    assert_eq!(got.len(), 10);
+    assert_eq!(log.segments_read(), 0, "no segment replayed");
+
+    // A budget of about 100 entries: the oldest leave, the rest stay.
+    let one = log.lock().bytes / 201;
+    log.set_memory_budget(one * 100);
+    append(&mut log, vec![blank(202)]).await;
+    let in_memory = log.entries_in_memory();
+    assert!((95..=105).contains(&in_memory), "{in_memory} in memory");
+    assert_eq!(indexes(&mut log).await, (1..=202).collect::<Vec<_>>());
+
+    // Reopened, every entry is in memory and the sizes add up again.
+    drop(log);
+    let log = LogStore::open(dir.path()).expect("reopen");
+    assert_eq!(log.entries_in_memory(), 202);
+    assert_eq!(log.lock().bytes, one * 202);
 }
 
 /// A write that fails (here: the segment swapped for a read-only handle)
