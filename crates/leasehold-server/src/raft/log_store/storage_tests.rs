@@ -455,12 +455,15 @@ async fn append_unflushed(
 ) -> impl std::future::Future<Output = Result<std::io::Result<()>, impl std::fmt::Debug>> {
     use openraft::type_config::TypeConfigExt;
     let (flushed, hears) = TypeConfig::oneshot();
-    log.append(
+    // An append that waited for its (gated) flush would never return.
+    let appended = log.append(
         vec![blank(index)],
         openraft::storage::IOFlushed::signal(flushed),
-    )
-    .await
-    .expect("append");
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(10), appended)
+        .await
+        .expect("append returned without waiting for its flush")
+        .expect("append");
     hears
 }
 
