@@ -247,4 +247,35 @@ async fn a_data_dir_of_release_0_1_0_opens_with_every_lock_lease_wait_and_token(
         "fence {next} after the upgrade is not above {}",
         n("highest_fence")
     );
+
+    // Marked with this build's data dir format (0.1.0 wrote no mark).
+    let mark = std::fs::read_to_string(server.data_dir().join("format")).expect("format file");
+    assert!(mark.starts_with("format 1\n"), "{mark}");
+}
+
+#[test]
+fn a_data_dir_of_a_newer_format_is_refused_at_start_and_left_as_it_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("log")).expect("mkdir");
+    let mark = "format 99\nwritten-by 9.9.0\n";
+    std::fs::write(data.join("format"), mark).expect("write format");
+    let out = std::process::Command::new(leasehold_testkit::workspace_bin("leaseholdd"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .output()
+        .expect("run leaseholdd");
+    assert!(!out.status.success(), "a newer data dir was opened");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("data dir format 99")
+            && stderr.contains("9.9.0")
+            && stderr.contains("reads formats up to 1"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("format")).expect("format"),
+        mark
+    );
+    assert_eq!(std::fs::read_dir(data.join("log")).expect("log").count(), 0);
 }

@@ -7,7 +7,6 @@ mod common;
 
 use std::time::Duration;
 
-use bincode::Options;
 use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
 use leasehold_proto::raft::PeerMessage;
 use leasehold_testkit::pki::{Ca, Issued};
@@ -148,10 +147,7 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
         let request: VoteRequest<leasehold_server::raft::TypeConfig> =
             VoteRequest::new(Vote::new(0, from), None);
         PeerMessage {
-            bincode: bincode::DefaultOptions::new()
-                .with_fixint_encoding()
-                .serialize(&request)
-                .unwrap(),
+            bincode: leasehold_server::raft::peer::encode(&request).unwrap(),
         }
     };
     as_two
@@ -175,10 +171,7 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
                 entries: vec![],
             };
         PeerMessage {
-            bincode: bincode::DefaultOptions::new()
-                .with_fixint_encoding()
-                .serialize(&request)
-                .unwrap(),
+            bincode: leasehold_server::raft::peer::encode(&request).unwrap(),
         }
     };
     let mut answers = as_two

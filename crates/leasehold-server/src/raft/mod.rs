@@ -16,6 +16,8 @@
 //! - `cluster`: membership: status, add, remove.
 //! - `log_store`: the log on disk, its segments indexed by entry range.
 //! - `disk`: what the log needs of a disk ([`LogDisk`]), and the real one.
+//! - [`format`]: format versions of the data dir, the table's encoding and
+//!   peer messages.
 //! - `state_machine`: the lock table as the state machine.
 //! - [`snapshot_store`]: where its snapshot is kept (a file, or memory).
 //! - `snapshot_chunks`: a snapshot sent to a peer in chunks, and put back
@@ -27,6 +29,7 @@ mod append_stream;
 mod batch;
 mod cluster;
 mod disk;
+pub mod format;
 mod grpc;
 pub mod leadership;
 mod log_store;
@@ -36,6 +39,9 @@ mod runtime;
 mod snapshot_chunks;
 pub mod snapshot_store;
 mod state_machine;
+
+#[cfg(test)]
+mod golden_tests;
 
 use std::sync::Arc;
 

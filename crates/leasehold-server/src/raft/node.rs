@@ -134,8 +134,7 @@ impl Consensus {
         options: RaftOptions,
         tls: Option<Arc<crate::tls::Tls>>,
     ) -> anyhow::Result<Consensus> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("create data dir {}", dir.display()))?;
+        super::format::open_data_dir(dir)?;
         let log = LogStore::open_observed(dir, context.metrics.log_fsync.clone())
             .with_context(|| format!("open raft log in {}", dir.display()))?;
         let transport = Arc::new(GrpcTransport::new(spec.source, tls));

@@ -38,6 +38,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::append_stream::{pipelined, serve_stream, Peer};
+use super::format;
 pub(super) use super::snapshot_chunks::IncomingSnapshot;
 use super::snapshot_chunks::{receive_chunk, SnapshotChunk};
 use super::{Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
@@ -57,15 +58,21 @@ fn codec() -> impl bincode::Options {
         .with_limit(MAX_MESSAGE as u64)
 }
 
-pub(super) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
+/// A message for a peer: [`format::peer_header`], then bincode.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
     use bincode::Options;
-    codec().serialize(value).map_err(|e| format!("encode: {e}"))
+    let mut out = format::peer_header().to_vec();
+    codec()
+        .serialize_into(&mut out, value)
+        .map_err(|e| format!("encode: {e}"))?;
+    Ok(out)
 }
 
-pub(super) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+/// A message from a peer, refused if its format is not this build's.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     use bincode::Options;
     codec()
-        .deserialize(bytes)
+        .deserialize(format::unframe_peer_message(bytes)?)
         .map_err(|e| format!("not a raft message: {e}"))
 }
 

@@ -90,6 +90,11 @@ pub(super) fn receive_chunk(
     let Some(done) = slot.take() else {
         return Ok(None);
     };
+    // Checked before Raft takes it, so a snapshot damaged on the way is
+    // sent again instead of failing this node's Raft as it installs.
+    super::format::check_table(&done.bytes).map_err(|e| {
+        format!("the snapshot received is refused ({e}); the leader sends it again from the start")
+    })?;
     Ok(Some((
         done.vote,
         Snapshot {
@@ -97,4 +102,46 @@ pub(super) fn receive_chunk(
             snapshot: done.bytes,
         },
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::format::{encode_table, TABLE_HEADER};
+    use leasehold_core::LockTable;
+
+    fn chunk(data: Vec<u8>, offset: u64, done: bool) -> SnapshotChunk {
+        SnapshotChunk {
+            vote: Vote::new_committed(2, 1),
+            meta: SnapshotMeta::default(),
+            sending: 1,
+            offset,
+            data,
+            done,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_damaged_on_the_way_is_refused_and_one_whole_is_taken() {
+        let incoming = IncomingSnapshot::default();
+        let good = encode_table(&LockTable::new()).unwrap();
+        let mut bad = good.clone();
+        bad[TABLE_HEADER] ^= 0x04;
+        let (head, tail) = bad.split_at(10);
+        assert!(receive_chunk(&incoming, chunk(head.to_vec(), 0, false))
+            .unwrap()
+            .is_none());
+        let err = match receive_chunk(&incoming, chunk(tail.to_vec(), 10, true)) {
+            Err(e) => e,
+            Ok(_) => panic!("a damaged snapshot was taken"),
+        };
+        assert!(
+            err.contains("fails its checksum") && err.contains("sends it again"),
+            "{err}"
+        );
+        let (_, snapshot) = receive_chunk(&incoming, chunk(good.clone(), 0, true))
+            .unwrap()
+            .expect("the whole snapshot");
+        assert_eq!(snapshot.snapshot, good);
+    }
 }

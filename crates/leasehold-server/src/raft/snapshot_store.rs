@@ -13,13 +13,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::disk::write_atomically;
+use super::format;
 use leasehold_core::LockTable;
 
 /// A snapshot's meta (the last log id and membership it covers).
 pub type Meta = super::SnapshotMeta;
 
-/// Keeps the state machine's last snapshot: the meta and the table encoded
-/// with bincode.
+/// Keeps the state machine's last snapshot: the meta and the table's
+/// encoding ([`format::encode_table`]: versioned and checksummed).
 pub trait SnapshotStore: Send + Sync + 'static {
     /// Replaces the stored snapshot; returns once it is durable.
     fn save(&self, meta: &Meta, table: &[u8]) -> io::Result<()>;
@@ -39,7 +40,7 @@ pub trait SnapshotStore: Send + Sync + 'static {
     /// [`read`](Self::read)'s bytes; a store may decode without holding them.
     fn load(&self) -> io::Result<Option<(Meta, LockTable)>> {
         self.read()?
-            .map(|(meta, bytes)| Ok((meta, bincode::deserialize(&bytes).map_err(io_err)?)))
+            .map(|(meta, bytes)| Ok((meta, format::decode_table(&bytes)?)))
             .transpose()
     }
 }
@@ -48,67 +49,159 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
-/// The snapshot in one file: `[meta length: u32 LE][meta][table]`, bincode,
-/// written to a temporary file, synced and renamed over the old one.
+/// The snapshot file format this build writes. Release 0.1.0 wrote
+/// version 1, which had no header: `[meta length: u32 LE][meta][table]`.
+pub const SNAPSHOT_FILE_FORMAT: u32 = 2;
+
+/// Starts a snapshot file of version 2 or later. As a version 1 file's
+/// first four bytes it would be a meta of a gigabyte, so the two never mix.
+const SNAPSHOT_MAGIC: [u8; 8] = *b"LHSNAP\0\xff";
+
+/// Bytes of a snapshot file before its meta: magic, version, the meta's
+/// length and its CRC-32.
+const FILE_HEADER: usize = 20;
+
+/// The snapshot in one file, written to a temporary file, synced and
+/// renamed over the old one: `[magic][version: u32][meta length: u32][meta
+/// CRC-32: u32][meta, bincode][the table's encoding]`, all integers little
+/// endian. The table's encoding has its own version and checksum.
 #[derive(Debug, Clone)]
 pub struct FileSnapshots {
     path: PathBuf,
 }
 
+/// A snapshot file's meta, and where its table starts.
+struct Opened {
+    reader: io::BufReader<fs::File>,
+    meta: Meta,
+    table_at: u64,
+}
+
 impl FileSnapshots {
     /// The snapshot file `snapshot` in `dir`.
     pub fn in_dir(dir: &Path) -> FileSnapshots {
-        FileSnapshots {
-            path: dir.join("snapshot"),
-        }
+        FileSnapshots::at(dir.join("snapshot"))
     }
 
-    fn open(&self) -> io::Result<Option<io::BufReader<fs::File>>> {
-        match fs::File::open(&self.path) {
-            Ok(f) => Ok(Some(io::BufReader::with_capacity(1 << 20, f))),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+    /// The snapshot file at `path`.
+    pub fn at(path: PathBuf) -> FileSnapshots {
+        FileSnapshots { path }
     }
 
-    fn read_meta(&self, reader: &mut impl Read) -> io::Result<Meta> {
-        let corrupt =
-            |e: io::Error| io_err(format!("{} is not a snapshot: {e}", self.path.display()));
-        let mut len = [0u8; 4];
-        reader.read_exact(&mut len).map_err(corrupt)?;
-        let mut meta = vec![0u8; u32::from_le_bytes(len) as usize];
-        reader.read_exact(&mut meta).map_err(corrupt)?;
-        bincode::deserialize(&meta).map_err(|e| corrupt(io_err(e)))
+    /// Opens the file and reads its meta, checking its version and checksum.
+    fn open(&self) -> io::Result<Option<Opened>> {
+        let file = match fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut reader = io::BufReader::with_capacity(1 << 20, file);
+        let corrupt = |what: String| io_err(format!("{}: {what}", self.path.display()));
+        let cut = |e: io::Error| corrupt(format!("not a snapshot (cut short: {e})"));
+        let mut head = [0u8; 8];
+        reader.read_exact(&mut head).map_err(cut)?;
+        let (meta_len, expected, header) = if head == SNAPSHOT_MAGIC {
+            let mut rest = [0u8; FILE_HEADER - 8];
+            reader.read_exact(&mut rest).map_err(cut)?;
+            let word =
+                |i: usize| u32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]]);
+            if word(0) > SNAPSHOT_FILE_FORMAT {
+                return Err(corrupt(format!(
+                    "a snapshot of snapshot file format {}; this build ({}) reads formats up \
+                     to {SNAPSHOT_FILE_FORMAT}: run the release that wrote it, or a later one",
+                    word(0),
+                    format::BUILD
+                )));
+            }
+            (word(4) as usize, Some(word(8)), FILE_HEADER)
+        } else {
+            // Version 1: the meta's length, then the meta, whose first four
+            // bytes were read with it.
+            (
+                u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize,
+                None,
+                4,
+            )
+        };
+        if meta_len > MAX_META {
+            return Err(corrupt(format!(
+                "not a snapshot (a meta of {meta_len} bytes at byte {}; the file is corrupt)",
+                header - 4
+            )));
+        }
+        let mut meta = vec![0u8; meta_len];
+        let mut filled = 0;
+        if header == 4 {
+            // A meta of under four bytes cannot be: it holds a membership.
+            if meta_len < 4 {
+                return Err(corrupt(
+                    "not a snapshot (a meta of under four bytes)".into(),
+                ));
+            }
+            meta[..4].copy_from_slice(&head[4..]);
+            filled = 4;
+        }
+        reader.read_exact(&mut meta[filled..]).map_err(cut)?;
+        if let Some(expected) = expected {
+            let crc = crc32fast::hash(&meta);
+            if crc != expected {
+                return Err(corrupt(format!(
+                    "the meta (bytes {header}..{}) fails its checksum: the file is corrupt; \
+                     restore it from a member or a backup",
+                    header + meta_len
+                )));
+            }
+        }
+        let meta = bincode::deserialize(&meta)
+            .map_err(|e| corrupt(format!("not a snapshot (its meta: {e})")))?;
+        let table_at = (header + meta_len) as u64;
+        Ok(Some(Opened {
+            reader,
+            meta,
+            table_at,
+        }))
     }
 }
+
+/// The longest meta a snapshot file may have (a membership of a few
+/// members takes a few hundred bytes).
+const MAX_META: usize = 16 << 20;
 
 impl SnapshotStore for FileSnapshots {
     fn save(&self, meta: &Meta, table: &[u8]) -> io::Result<()> {
         // Written in parts, so the table's bytes are never copied.
         let meta = bincode::serialize(meta).map_err(io_err)?;
-        let len = u32::try_from(meta.len()).map_err(io_err)?.to_le_bytes();
-        write_atomically(&self.path, &[&len, &meta, table])
+        let mut header = Vec::with_capacity(FILE_HEADER);
+        header.extend_from_slice(&SNAPSHOT_MAGIC);
+        header.extend_from_slice(&SNAPSHOT_FILE_FORMAT.to_le_bytes());
+        header.extend_from_slice(&u32::try_from(meta.len()).map_err(io_err)?.to_le_bytes());
+        header.extend_from_slice(&crc32fast::hash(&meta).to_le_bytes());
+        write_atomically(&self.path, &[&header, &meta, table])
     }
 
     fn read(&self) -> io::Result<Option<(Meta, Vec<u8>)>> {
-        let Some(mut reader) = self.open()? else {
+        let Some(mut opened) = self.open()? else {
             return Ok(None);
         };
-        let meta = self.read_meta(&mut reader)?;
         let mut table = Vec::new();
-        reader.read_to_end(&mut table)?;
-        Ok(Some((meta, table)))
+        opened.reader.read_to_end(&mut table)?;
+        Ok(Some((opened.meta, table)))
     }
 
     /// Decodes the table straight from the file, without holding its bytes
     /// in memory next to the table they decode to.
     fn load(&self) -> io::Result<Option<(Meta, LockTable)>> {
-        let Some(mut reader) = self.open()? else {
+        let Some(opened) = self.open()? else {
             return Ok(None);
         };
-        let meta = self.read_meta(&mut reader)?;
-        let table = bincode::deserialize_from(&mut reader).map_err(io_err)?;
-        Ok(Some((meta, table)))
+        let table = format::decode_table_from(opened.reader).map_err(|e| {
+            io_err(format!(
+                "{}: the lock table at byte {}: {e}",
+                self.path.display(),
+                opened.table_at
+            ))
+        })?;
+        Ok(Some((opened.meta, table)))
     }
 }
 
@@ -183,7 +276,7 @@ mod tests {
         assert!(store.read().unwrap().is_none());
         assert!(store.load().unwrap().is_none());
         let (meta, table) = sample();
-        let bytes = bincode::serialize(&table).unwrap();
+        let bytes = format::encode_table(&table).unwrap();
         store.save(&meta, &bytes).unwrap();
         let (read_meta, read_bytes) = store.read().unwrap().unwrap();
         assert_eq!(read_meta, meta);
@@ -201,10 +294,76 @@ mod tests {
     }
 
     #[test]
+    fn a_flipped_byte_is_found_and_named_wherever_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileSnapshots::in_dir(dir.path());
+        let (meta, table) = sample();
+        store
+            .save(&meta, &format::encode_table(&table).unwrap())
+            .unwrap();
+        let path = dir.path().join("snapshot");
+        let good = std::fs::read(&path).unwrap();
+        let meta_len = u32::from_le_bytes(good[12..16].try_into().unwrap()) as usize;
+        let table_at = FILE_HEADER + meta_len;
+        for (at, says) in [
+            (FILE_HEADER + 1, "the meta (bytes 20.."),
+            (table_at + format::TABLE_HEADER + 2, "fails its checksum"),
+            (good.len() - 1, "fails its checksum"),
+        ] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x01;
+            std::fs::write(&path, &bad).unwrap();
+            let err = store.load().unwrap_err().to_string();
+            assert!(
+                err.contains(&path.display().to_string()) && err.contains(says),
+                "byte {at}: {err}"
+            );
+            if at > table_at {
+                assert!(err.contains(&format!("at byte {table_at}")), "{err}");
+            }
+        }
+        for cut in [5, FILE_HEADER + 3, good.len() - 1] {
+            std::fs::write(&path, &good[..cut]).unwrap();
+            assert!(store.load().is_err(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_file_0_1_0_wrote_loads_and_a_newer_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot");
+        let store = FileSnapshots::in_dir(dir.path());
+        let (meta, table) = sample();
+        // Version 1: the meta's length, the meta and the table, bincode.
+        let meta_bytes = bincode::serialize(&meta).unwrap();
+        let mut v1 = (meta_bytes.len() as u32).to_le_bytes().to_vec();
+        v1.extend_from_slice(&meta_bytes);
+        v1.extend_from_slice(&bincode::serialize(&table).unwrap());
+        std::fs::write(&path, &v1).unwrap();
+        let (read_meta, read_table) = store.load().unwrap().unwrap();
+        assert_eq!((read_meta, read_table), (meta.clone(), table.clone()));
+
+        store
+            .save(&meta, &format::encode_table(&table).unwrap())
+            .unwrap();
+        let mut newer = std::fs::read(&path).unwrap();
+        newer[8..12].copy_from_slice(&(SNAPSHOT_FILE_FORMAT + 1).to_le_bytes());
+        std::fs::write(&path, &newer).unwrap();
+        let err = store.load().unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "snapshot file format {}",
+                SNAPSHOT_FILE_FORMAT + 1
+            )) && err.contains(&format!("up to {SNAPSHOT_FILE_FORMAT}")),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_file_that_is_not_a_snapshot_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("snapshot"), b"\xff\xff").unwrap();
         let err = FileSnapshots::in_dir(dir.path()).load().unwrap_err();
-        assert!(err.to_string().contains("is not a snapshot"), "{err}");
+        assert!(err.to_string().contains("not a snapshot"), "{err}");
     }
 }

@@ -14,6 +14,7 @@ use openraft::{EntryPayload, OptionalSend};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use super::format;
 use super::snapshot_store::{Meta, SnapshotStore};
 use super::{Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::context::NodeContext;
@@ -459,7 +460,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let serialize = move || {
             let started = Instant::now();
             let applied = shared.read();
-            let data = bincode::serialize(&applied.table).map_err(io_err)?;
+            let data = format::encode_table(&applied.table)?;
             shared
                 .last_snapshot_bytes
                 .store(data.len() as u64, Ordering::Relaxed);
@@ -499,8 +500,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let stored = meta.clone();
         // Decoded and stored off the runtime thread (see `off_the_runtime`).
         let decode_and_store = move || -> io::Result<LockTable> {
-            let table: LockTable = bincode::deserialize(&data)
-                .map_err(|e| io_err(format!("the snapshot sent is not a lock table: {e}")))?;
+            let table = format::decode_table(&data)
+                .map_err(|e| io_err(format!("the snapshot sent is refused: {e}")))?;
             snapshots.save(&stored, &data)?;
             Ok(table)
         };
