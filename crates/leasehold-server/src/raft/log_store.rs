@@ -21,6 +21,8 @@
 //! in place; whole segments below the purge point are deleted. On open, a torn
 //! record at the tail of the last segment (a crash mid-write) is cut off: it was
 //! never acknowledged, because acknowledgement waits for the fsync after it.
+//! A damaged record that is not a torn tail stops the open, naming the
+//! segment and the byte ([`records`] tells the two apart).
 //!
 //! Segments are allocated at full size when they are created, so an append
 //! writes into space the file already has and its `fdatasync` need not commit
@@ -50,34 +52,16 @@ use std::sync::Arc;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
 use prometheus_client::metrics::histogram::Histogram;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
 use super::disk::{FsDisk, LogDisk, LogFile};
 use super::{Entry, LogId, TypeConfig, Vote};
+use records::{encode, replay_segment, segment_name, segment_numbers, Record, RecordRef};
 use writer::{write_jobs, Done, Job, Records, Writer};
 
 /// A new segment is started once the current one passes this size. Small
 /// enough that a purge after a snapshot frees most of the log promptly.
 const SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
-
-/// How a record is read back. Written through [`RecordRef`], which has the
-/// same variants in the same order and so the same encoding.
-#[derive(Deserialize)]
-enum Record {
-    Entry(Entry),
-    /// Entries at and after this index are gone.
-    Truncate(u64),
-    /// Entries up to and including this log id are gone (they are in a snapshot).
-    Purge(LogId),
-}
-
-#[derive(Serialize)]
-enum RecordRef<'a> {
-    Entry(&'a Entry),
-    Truncate(u64),
-    Purge(LogId),
-}
 
 /// Applied entries always kept in memory below the newest applied one.
 const APPLIED_KEPT_IN_MEMORY: u64 = 64;
@@ -256,30 +240,6 @@ type Spans = Arc<Mutex<BTreeMap<u64, Span>>>;
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
-}
-
-fn encode(record: &RecordRef<'_>, out: &mut Vec<u8>) -> io::Result<()> {
-    let payload = bincode::serialize(record).map_err(io_err)?;
-    let len = u32::try_from(payload.len()).map_err(io_err)?;
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&payload);
-    Ok(())
-}
-
-fn segment_name(number: u64) -> String {
-    format!("{number:020}.seg")
-}
-
-/// The numbers of the segment files on `disk`, in order.
-fn segment_numbers(disk: &impl LogDisk) -> io::Result<Vec<u64>> {
-    let mut numbers: Vec<u64> = disk
-        .list()?
-        .iter()
-        .filter_map(|name| name.strip_suffix(".seg")?.parse().ok())
-        .collect();
-    numbers.sort_unstable();
-    Ok(numbers)
 }
 
 /// Applies one record to `entries`, keeping only entries whose index is
@@ -521,73 +481,6 @@ impl<D: LogDisk> LogStore<D> {
     }
 }
 
-/// Where a segment's intact records end, and whether only zeros follow.
-struct Replayed {
-    records_end: u64,
-    zeros_after: bool,
-}
-
-/// Reads a segment's records in order.
-fn replay_segment(
-    disk: &impl LogDisk,
-    name: &str,
-    is_last: bool,
-    f: impl FnMut(Record),
-) -> io::Result<Replayed> {
-    let bytes = disk.read(name)?;
-    let end = replay_records(name, &bytes, is_last, f)?;
-    Ok(Replayed {
-        records_end: end,
-        zeros_after: bytes[end as usize..].iter().all(|&b| b == 0),
-    })
-}
-
-/// Returns the length of the intact prefix of `bytes`.
-fn replay_records(
-    name: &str,
-    bytes: &[u8],
-    is_last: bool,
-    mut f: impl FnMut(Record),
-) -> io::Result<u64> {
-    let mut at = 0usize;
-    loop {
-        let rest = &bytes[at..];
-        if rest.is_empty() {
-            return Ok(at as u64);
-        }
-        let torn = || -> io::Result<u64> {
-            if is_last {
-                Ok(at as u64)
-            } else {
-                Err(io_err(format!(
-                    "corrupt record in log segment {name} at byte {at}"
-                )))
-            }
-        };
-        if rest.len() < 8 {
-            return torn();
-        }
-        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if len == 0 {
-            // The preallocated, never written part of the segment (no record
-            // is empty: each starts with its variant tag).
-            return Ok(at as u64);
-        }
-        let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        let Some(payload) = rest.get(8..8 + len) else {
-            return torn();
-        };
-        if crc32fast::hash(payload) != crc {
-            return torn();
-        }
-        match bincode::deserialize::<Record>(payload) {
-            Ok(record) => f(record),
-            Err(_) => return torn(),
-        }
-        at += 8 + len;
-    }
-}
-
 impl<D: LogDisk> RaftLogReader<TypeConfig> for LogStore<D> {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -738,6 +631,7 @@ impl<D: LogDisk> RaftLogStorage<TypeConfig> for LogStore<D> {
     }
 }
 
+pub(crate) mod records;
 mod writer;
 
 /// openraft's storage conformance suite, and the crash cases of our format.

@@ -14,6 +14,7 @@
 //! - [`peer`]: Raft's RPCs between nodes, both ends, over a [`Transport`]
 //!   (gRPC between processes).
 //! - `cluster`: membership: status, add, remove.
+//! - [`check`]: `leaseholdd check`, a data dir verified offline.
 //! - `log_store`: the log on disk, its segments indexed by entry range.
 //! - `disk`: what the log needs of a disk ([`LogDisk`]), and the real one.
 //! - [`format`]: format versions of the data dir, the table's encoding and
@@ -27,6 +28,7 @@
 
 mod append_stream;
 mod batch;
+pub mod check;
 mod cluster;
 mod disk;
 pub mod format;

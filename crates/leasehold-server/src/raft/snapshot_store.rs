@@ -88,6 +88,22 @@ impl FileSnapshots {
         FileSnapshots { path }
     }
 
+    /// The file's snapshot file format (1: written by 0.1.0, without
+    /// checksums), if there is a file.
+    pub fn file_format(&self) -> io::Result<Option<u32>> {
+        let mut head = [0u8; 12];
+        match fs::File::open(&self.path) {
+            Ok(mut f) => match f.read_exact(&mut head) {
+                Ok(()) if head[..8] == SNAPSHOT_MAGIC => Ok(Some(u32::from_le_bytes([
+                    head[8], head[9], head[10], head[11],
+                ]))),
+                _ => Ok(Some(1)),
+            },
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Opens the file and reads its meta, checking its version and checksum.
     fn open(&self) -> io::Result<Option<Opened>> {
         let file = match fs::File::open(&self.path) {

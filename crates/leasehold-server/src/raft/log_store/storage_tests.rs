@@ -524,3 +524,59 @@ async fn a_vote_waits_for_the_appends_before_it() {
     voting.await.expect("task").expect("vote saved");
     assert_eq!(log.read_vote().await.unwrap(), Some(vote));
 }
+
+/// A flipped byte in a flushed record, with intact records after it, is
+/// damage, not a torn tail: the log refuses to open, naming the segment
+/// and the byte, and changes nothing.
+#[tokio::test]
+async fn a_damaged_record_before_intact_ones_stops_the_open_naming_segment_and_byte() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut log = LogStore::open(dir.path()).expect("open");
+        append(&mut log, (1..=10).map(blank).collect()).await;
+    }
+    let seg = only_segment(dir.path());
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let fifth = record_spans(&bytes)[4].clone();
+    bytes[fifth.start + 9] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let err = LogStore::open(dir.path())
+        .err()
+        .expect("a damaged log opened");
+    let text = err.to_string();
+    let name = seg.file_name().unwrap().to_str().unwrap();
+    assert!(
+        text.contains(name) && text.contains(&format!("byte {}", fifth.start)),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read(&seg).unwrap(),
+        bytes,
+        "the open changed the segment"
+    );
+}
+
+/// A crash can persist some sectors of a write and not others: a record
+/// with a zeroed sector in it is a torn write even with an intact record
+/// of the same write after it, and is cut with what follows.
+#[tokio::test]
+async fn a_record_with_a_lost_sector_is_a_torn_tail_even_before_intact_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let mut log = LogStore::open(dir.path()).expect("open");
+        append(&mut log, (1..=5).map(blank).collect()).await;
+        append(&mut log, vec![big(6), big(7)]).await;
+    }
+    let seg = only_segment(dir.path());
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let spans = record_spans(&bytes);
+    let six = spans[5].clone();
+    // A sector in the middle of entry 6 never reached the disk.
+    let sector = (six.start + 4096).div_ceil(512) * 512;
+    bytes[sector..sector + 512].fill(0);
+    std::fs::write(&seg, &bytes).unwrap();
+
+    let mut log = LogStore::open(dir.path()).expect("a torn tail is cut");
+    assert_eq!(indexes(&mut log).await, (1..=5).collect::<Vec<_>>());
+}
