@@ -112,6 +112,10 @@ pub async fn run(
         Some(_) => format!("clients{peers}"),
     };
     tracing::info!(%addr, data_dir = %config.data_dir.display(), tls, "serving gRPC, HTTP and frames");
+    // Under systemd (Type=notify): the data dir is open, Raft runs and the
+    // port is bound, so a call made now is answered. Nothing is sent
+    // outside systemd.
+    notify_systemd(sd_notify::NotifyState::Ready);
     let (signal_tx, signal_rx) = watch::channel(false);
     let signal_tx = Arc::new(signal_tx);
     let signal = signal_tx.clone();
@@ -119,6 +123,7 @@ pub async fn run(
     tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutting down");
+        notify_systemd(sd_notify::NotifyState::Stopping);
         handing_over.hand_over_leadership().await;
         let _ = signal.send(true);
     });
@@ -183,5 +188,15 @@ pub async fn run(
     match failed {
         Some(why) => anyhow::bail!("raft stopped: {why}"),
         None => Ok(()),
+    }
+}
+
+/// Tells systemd of a change of state, if it started this process.
+fn notify_systemd(state: sd_notify::NotifyState<'_>) {
+    if std::env::var_os("NOTIFY_SOCKET").is_none() {
+        return;
+    }
+    if let Err(e) = sd_notify::notify(&[state]) {
+        tracing::warn!(error = %e, "cannot tell systemd of a change of state (NOTIFY_SOCKET)");
     }
 }
