@@ -205,6 +205,11 @@ enum Command {
         #[command(subcommand)]
         action: ClusterAction,
     },
+    /// Backups: save one from the leader, or show what one holds.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotAction,
+    },
     /// Access control: turn it on or off, roles on key prefixes, tokens,
     /// the audit trail.
     Auth {
@@ -261,6 +266,27 @@ enum ClusterAction {
     TransferLeader {
         /// The voter to take over.
         id: Option<u64>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotAction {
+    /// Save a backup of the cluster into FILE: taken online from the leader
+    /// (every write acknowledged before it is in it), checked, written
+    /// whole or not at all (admin on every key). Restore it with
+    /// `leaseholdd restore`.
+    Save {
+        /// Where to write it.
+        file: std::path::PathBuf,
+    },
+    /// Show what a backup holds (format, log index and term, voters, table),
+    /// checking its checksums.
+    Status {
+        /// The backup.
+        file: std::path::PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -40,7 +40,7 @@ pub use command::{Checkpoint, Command, Event, Grant, Mode, Response, Stamp, Wait
 pub use error::LockError;
 pub use table::{
     HolderView, LeaseView, LockTable, LockView, Outcome, WaiterView, DEDUPE_CAPACITY,
-    DEDUPE_WINDOW_MS, REATTACH_MS,
+    DEDUPE_WINDOW_MS, REATTACH_MS, RESTORE_STRIDE,
 };
 
 /// Milliseconds on the leader's clock.

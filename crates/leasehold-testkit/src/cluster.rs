@@ -9,7 +9,7 @@
 //! connections.
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::{free_port, http_get, wait_until, workspace_bin, FaultProxy, Process};
@@ -112,6 +112,18 @@ impl Cluster {
         Self::launch(n, Box::new(|_| Vec::new()), true)
     }
 
+    /// Starts `n` nodes on data dirs that `prepare(id, data_dir, peers)`
+    /// builds first (a restore, say; `peers` is the `--peers` value), and
+    /// waits until one leads and every one answers.
+    pub fn start_prepared(n: usize, prepare: impl Fn(u64, &Path, &str)) -> Cluster {
+        let cluster = Self::spawn_prepared(n, Box::new(|_| Vec::new()), false, &prepare);
+        cluster.wait_leader();
+        wait_until(Duration::from_secs(30), "every node answering", || {
+            cluster.nodes.iter().all(|n| n.health().is_some())
+        });
+        cluster
+    }
+
     fn launch(n: usize, extra: Box<dyn Fn(u64) -> Vec<String>>, isolatable: bool) -> Cluster {
         let cluster = Self::spawn(n, extra, isolatable);
         cluster.wait_leader();
@@ -124,6 +136,15 @@ impl Cluster {
     }
 
     fn spawn(n: usize, extra: Box<dyn Fn(u64) -> Vec<String>>, isolatable: bool) -> Cluster {
+        Self::spawn_prepared(n, extra, isolatable, &|_, _, _| {})
+    }
+
+    fn spawn_prepared(
+        n: usize,
+        extra: Box<dyn Fn(u64) -> Vec<String>>,
+        isolatable: bool,
+        prepare: &dyn Fn(u64, &Path, &str),
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let ip = |id: u64| {
             if isolatable {
@@ -161,7 +182,9 @@ impl Cluster {
             node.proxy = proxy;
             cluster.nodes.push(node);
         }
+        let peers = cluster.peers_arg();
         for node in &mut cluster.nodes {
+            prepare(node.id, &node.data, &peers);
             node.start();
         }
         cluster

@@ -36,7 +36,7 @@ impl Target {
     }
 
     /// An HTTP client that trusts the CA and shows the client certificate.
-    fn http(&self) -> anyhow::Result<reqwest::Client> {
+    pub(super) fn http(&self) -> anyhow::Result<reqwest::Client> {
         let mut builder = reqwest::Client::builder().use_rustls_tls();
         if let Some(ca) = &self.tls.ca {
             let pem = std::fs::read(ca).with_context(|| format!("read {}", ca.display()))?;

@@ -7,12 +7,15 @@ mod cluster;
 mod demo;
 mod hold;
 mod run;
+mod snapshot;
 mod status;
 
 use anyhow::Context;
 use leasehold::Client;
 
-use crate::{AuthAction, Cli, ClusterAction, Command, Demo, RoleAction, TokenAction};
+use crate::{
+    AuthAction, Cli, ClusterAction, Command, Demo, RoleAction, SnapshotAction, TokenAction,
+};
 
 /// A duration for people: `850ms`, `4.2s`, `9m58s`, `2h05m`.
 pub fn human_ms(ms: u64) -> String {
@@ -152,6 +155,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             ClusterAction::Add { id, addr } => cluster::add(&target, id, &addr).await,
             ClusterAction::Remove { id } => cluster::remove(&target, id).await,
             ClusterAction::TransferLeader { id } => cluster::transfer_leader(&target, id).await,
+        },
+        Command::Snapshot { action } => match action {
+            SnapshotAction::Save { file } => snapshot::save(&target, &file).await,
+            SnapshotAction::Status { file, json } => snapshot::status(&file, json),
         },
         Command::Auth { action } => match action {
             AuthAction::Enable => auth::enable(&target).await,

@@ -41,7 +41,7 @@ mod view;
 
 use crate::auth::TokenId;
 use crate::command::{Command, Event, Response, Stamp};
-use crate::{LockError, Time};
+use crate::{Fence, LeaseId, LockError, Time};
 
 use state::TableState;
 
@@ -82,6 +82,10 @@ pub struct LockTable {
     held_keys: usize,
 }
 
+/// How far a restore moves the token and lease id sequences: to the next
+/// multiple of 2^48 (at 100,000 grants a second, 89 years of grants).
+pub const RESTORE_STRIDE: u64 = 1 << 48;
+
 impl Default for LockTable {
     fn default() -> Self {
         Self::new()
@@ -107,6 +111,34 @@ impl LockTable {
         }
         self.advance(now, events);
         self.run(command, None, events)
+    }
+
+    /// Makes this table (a backup's) the start of a new cluster, for a
+    /// restore: the fencing token and lease id sequences move up to the next
+    /// multiple of [`RESTORE_STRIDE`] (and the tokens to at least
+    /// `fence_floor`), above every token and lease id the old cluster could
+    /// have handed out after the backup unless it handed out 2^48 of them;
+    /// and the epoch goes back to 0, so the new cluster's first leader gives
+    /// every restored lease a full TTL to renew in. Returns the next token
+    /// and lease id; fails, changing nothing, if a sequence would overflow.
+    pub fn prepare_for_new_cluster(
+        &mut self,
+        fence_floor: Fence,
+    ) -> Result<(Fence, LeaseId), LockError> {
+        let next_stride = |n: u64| {
+            (n / RESTORE_STRIDE)
+                .checked_add(1)
+                .and_then(|k| k.checked_mul(RESTORE_STRIDE))
+        };
+        let exhausted = || LockError::invalid("backup", "its token sequence is exhausted");
+        let fence = next_stride(self.state.next_fence)
+            .ok_or_else(exhausted)?
+            .max(fence_floor);
+        let lease = next_stride(self.state.next_lease).ok_or_else(exhausted)?;
+        self.state.next_fence = fence;
+        self.state.next_lease = lease;
+        self.state.epoch = 0;
+        Ok((fence, lease))
     }
 
     /// Runs a command for `token` (`None`: for the server itself, or with

@@ -226,6 +226,7 @@ pub fn router(service: LockService, scheme: &'static str) -> Router {
         .route("/v1/auth/tokens/:id", axum::routing::delete(revoke_token))
         .route("/v1/cluster/members", post(add_member))
         .route("/v1/cluster/transfer-leader", post(transfer_leader))
+        .route("/v1/snapshot", get(backup))
         .route(
             "/v1/cluster/members/:id",
             axum::routing::delete(remove_member),
@@ -631,6 +632,32 @@ struct TransferBody {
     /// The voter to hand leadership to; none: the most caught-up.
     #[serde(default)]
     to: Option<u64>,
+}
+
+/// A backup of the applied table, from the leader after a linearizable
+/// read: a snapshot file (`leasehold snapshot status` reads it), sent a MiB
+/// at a time.
+async fn backup(Caller(s): Caller) -> Result<Response> {
+    let backup = s.backup().await?;
+    let index = backup.index;
+    let term = backup.term;
+    let bytes = Bytes::from(backup.bytes);
+    let len = bytes.len();
+    let chunks: Vec<std::result::Result<Bytes, Infallible>> = (0..len)
+        .step_by(1 << 20)
+        .map(|at| Ok(bytes.slice(at..len.min(at + (1 << 20)))))
+        .collect();
+    let body = axum::body::Body::from_stream(futures::stream::iter(chunks));
+    Ok((
+        [
+            ("content-type", "application/octet-stream".to_string()),
+            ("content-length", len.to_string()),
+            ("leasehold-snapshot-index", index.to_string()),
+            ("leasehold-snapshot-term", term.to_string()),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 /// Body `{"to": ID}`, or none: the most caught-up follower.

@@ -11,6 +11,7 @@
 //!   snapshot store, peer network, clock) and the one-time initialization of a group.
 //! - [`leadership`]: the leader's clock and following this node's role.
 //! - `batch`: proposals gathered into log entries (group commit).
+//! - [`backup`]: backups of the applied table, and restores from them.
 //! - [`peer`]: Raft's RPCs between nodes, both ends, over a [`Transport`]
 //!   (gRPC between processes).
 //! - `cluster`: membership: status, add, remove.
@@ -27,6 +28,7 @@
 //!   can seed.
 
 mod append_stream;
+pub mod backup;
 mod batch;
 pub mod check;
 mod cluster;

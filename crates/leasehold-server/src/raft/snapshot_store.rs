@@ -183,16 +183,23 @@ impl FileSnapshots {
 /// members takes a few hundred bytes).
 const MAX_META: usize = 16 << 20;
 
+/// What a snapshot file holds before the table's encoding: its header and
+/// its meta. A backup is the same file.
+pub(crate) fn file_head(meta: &Meta) -> io::Result<Vec<u8>> {
+    let meta = bincode::serialize(meta).map_err(io_err)?;
+    let mut head = Vec::with_capacity(FILE_HEADER + meta.len());
+    head.extend_from_slice(&SNAPSHOT_MAGIC);
+    head.extend_from_slice(&SNAPSHOT_FILE_FORMAT.to_le_bytes());
+    head.extend_from_slice(&u32::try_from(meta.len()).map_err(io_err)?.to_le_bytes());
+    head.extend_from_slice(&crc32fast::hash(&meta).to_le_bytes());
+    head.extend_from_slice(&meta);
+    Ok(head)
+}
+
 impl SnapshotStore for FileSnapshots {
     fn save(&self, meta: &Meta, table: &[u8]) -> io::Result<()> {
         // Written in parts, so the table's bytes are never copied.
-        let meta = bincode::serialize(meta).map_err(io_err)?;
-        let mut header = Vec::with_capacity(FILE_HEADER);
-        header.extend_from_slice(&SNAPSHOT_MAGIC);
-        header.extend_from_slice(&SNAPSHOT_FILE_FORMAT.to_le_bytes());
-        header.extend_from_slice(&u32::try_from(meta.len()).map_err(io_err)?.to_le_bytes());
-        header.extend_from_slice(&crc32fast::hash(&meta).to_le_bytes());
-        write_atomically(&self.path, &[&header, &meta, table])
+        write_atomically(&self.path, &[&file_head(meta)?, table])
     }
 
     fn read(&self) -> io::Result<Option<(Meta, Vec<u8>)>> {

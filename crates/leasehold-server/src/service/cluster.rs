@@ -41,6 +41,21 @@ impl LockService {
         Ok(status)
     }
 
+    /// A backup of everything applied, from the leader (admin on every key).
+    pub async fn backup(&self) -> Result<crate::raft::backup::Backup, ApiError> {
+        let who = self.admin_here().await?;
+        let backup = self.consensus.backup().await?;
+        audit(
+            &who,
+            &format!(
+                "backup taken at log index {} ({} bytes)",
+                backup.index,
+                backup.bytes.len()
+            ),
+        );
+        Ok(backup)
+    }
+
     /// Checks the caller has admin on every key; who it is, for the audit log.
     async fn admin_here(&self) -> Result<String, ApiError> {
         Ok(self

@@ -1,0 +1,184 @@
+//! Backups and restores.
+//!
+//! A backup is a snapshot file (`snapshot_store`'s format: version,
+//! meta with the last log index and term and the membership, a CRC-32 of
+//! the meta, then the table's encoding with its own version and CRC-32),
+//! taken from the leader's applied table after a linearizable read, so it
+//! holds every write acknowledged before it was asked for.
+//!
+//! A restore builds the data dir of one member of a new cluster from a
+//! backup; every member is built from the same file. Grants made after the
+//! backup are lost, so the restored table's token and lease id sequences
+//! move up a stride (`LockTable::prepare_for_new_cluster`): every token the
+//! new cluster hands out is above every token the old one could have. The
+//! restored leases get a full TTL from the new cluster's first leader.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::Path;
+
+use anyhow::Context;
+use openraft::storage::RaftLogStorage;
+use openraft::Membership;
+
+use super::format::{self, encode_table};
+use super::log_store::LogStore;
+use super::snapshot_store::{file_head, FileSnapshots, SnapshotStore};
+use super::{Consensus, ConsensusError, Node, NodeId, SnapshotMeta, StoredMembership, Vote};
+
+/// A backup, encoded whole.
+pub struct Backup {
+    /// The file's bytes.
+    pub bytes: Vec<u8>,
+    /// The last log index it holds.
+    pub index: u64,
+    /// That entry's term.
+    pub term: u64,
+}
+
+impl Consensus {
+    /// A backup of everything applied, taken on the leader after a
+    /// linearizable read: it holds every write acknowledged before the call.
+    pub async fn backup(&self) -> Result<Backup, ConsensusError> {
+        self.read(|_, _| ()).await?;
+        let shared = self.shared.clone();
+        let encode = move || -> io::Result<Backup> {
+            let applied = shared.read();
+            let meta = SnapshotMeta {
+                last_log_id: applied.last_applied,
+                last_membership: applied.membership.clone(),
+            };
+            let table = encode_table(&applied.table)?;
+            drop(applied);
+            let mut bytes = file_head(&meta)?;
+            bytes.extend_from_slice(&table);
+            let id = meta.last_log_id.as_ref();
+            Ok(Backup {
+                bytes,
+                index: id.map_or(0, |l| l.index),
+                term: id.map_or(0, |l| l.leader_id.term),
+            })
+        };
+        tokio::task::spawn_blocking(encode)
+            .await
+            .map_err(|e| ConsensusError::Unknown(format!("the backup did not finish: {e}")))?
+            .map_err(|e| ConsensusError::Unknown(format!("the backup failed: {e}")))
+    }
+}
+
+/// What a backup holds, as `leasehold snapshot status` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BackupStatus {
+    /// Its snapshot file format.
+    pub format: u32,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// The last log index it holds, and that entry's term.
+    pub index: u64,
+    /// See `index`.
+    pub term: u64,
+    /// The voters of the cluster it was taken from.
+    pub voters: Vec<NodeId>,
+    /// Live leases in it.
+    pub leases: usize,
+    /// Keys held in it.
+    pub held: usize,
+    /// Waits queued in it.
+    pub waiting: usize,
+    /// The token the cluster it came from would have granted next.
+    pub next_fence: u64,
+}
+
+/// Reads a backup, checking its version and checksums and decoding its
+/// table.
+pub fn backup_status(path: &Path) -> anyhow::Result<BackupStatus> {
+    let bytes = std::fs::metadata(path)
+        .with_context(|| format!("read {}", path.display()))?
+        .len();
+    let file = FileSnapshots::at(path.to_path_buf());
+    let format = file.file_format()?.unwrap_or(0);
+    let (meta, table) = file
+        .load()?
+        .with_context(|| format!("{} does not exist", path.display()))?;
+    let id = meta.last_log_id.as_ref();
+    Ok(BackupStatus {
+        format,
+        bytes,
+        index: id.map_or(0, |l| l.index),
+        term: id.map_or(0, |l| l.leader_id.term),
+        voters: meta.last_membership.membership().voter_ids().collect(),
+        leases: table.lease_count(),
+        held: table.held_count(),
+        waiting: table.waiter_count(),
+        next_fence: table.next_fence(),
+    })
+}
+
+/// What a restore did.
+#[derive(Debug)]
+pub struct Restored {
+    /// The backup's last log index.
+    pub index: u64,
+    /// The first token the new cluster grants.
+    pub next_fence: u64,
+    /// The first lease id it grants.
+    pub next_lease: u64,
+}
+
+/// Builds in `dir` (absent or empty) the data dir of member `id` of a new
+/// cluster of `members` from the backup at `backup`, with the token sequence
+/// at least `fence_floor`.
+pub async fn restore(
+    backup: &Path,
+    dir: &Path,
+    id: NodeId,
+    members: &BTreeMap<NodeId, String>,
+    fence_floor: u64,
+) -> anyhow::Result<Restored> {
+    anyhow::ensure!(
+        members.contains_key(&id),
+        "node {id} is not among the members {:?}: give --node-id one of --peers",
+        members.keys().collect::<Vec<_>>()
+    );
+    if let Ok(mut entries) = std::fs::read_dir(dir) {
+        anyhow::ensure!(
+            entries.next().is_none(),
+            "{} is not empty: a restore builds a new data dir; move that one aside or name another",
+            dir.display()
+        );
+    }
+    let (meta, mut table) = FileSnapshots::at(backup.to_path_buf())
+        .load()
+        .with_context(|| format!("read the backup {}", backup.display()))?
+        .with_context(|| format!("no backup at {}", backup.display()))?;
+    let last = meta
+        .last_log_id
+        .context("the backup holds no log entry: there is nothing to restore")?;
+    let (next_fence, next_lease) = table
+        .prepare_for_new_cluster(fence_floor)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+
+    let voters: BTreeSet<NodeId> = members.keys().copied().collect();
+    let nodes: BTreeMap<NodeId, Node> = members
+        .iter()
+        .map(|(&id, addr)| (id, Node { addr: addr.clone() }))
+        .collect();
+    let membership = Membership::new(vec![voters], nodes).context("the new membership")?;
+    let meta = SnapshotMeta {
+        last_log_id: Some(last),
+        last_membership: StoredMembership::new(Some(last), membership),
+    };
+    format::open_data_dir(dir)?;
+    FileSnapshots::in_dir(dir).save(&meta, &encode_table(&table)?)?;
+    // As a node that took that snapshot: its log purged up to it, and a
+    // term at least the backup's, so the new cluster's terms go on above
+    // the entries it holds.
+    let mut log = LogStore::open(dir)?;
+    log.save_vote(&Vote::new(last.leader_id.term, id)).await?;
+    log.purge(last).await?;
+    Ok(Restored {
+        index: last.index,
+        next_fence,
+        next_lease,
+    })
+}
