@@ -8,6 +8,9 @@ use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use std::time::Duration;
 
+mod admin;
+
+use admin::{run_admin, Admin};
 use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
@@ -113,109 +116,7 @@ struct Args {
     admin: Option<Admin>,
 }
 
-/// Work on a data dir instead of serving.
-#[derive(clap::Subcommand, Debug)]
-enum Admin {
-    /// Verify a data dir offline, changing nothing: its format, vote,
-    /// snapshot (checksums and table) and every log record, and that the
-    /// log joins the snapshot. Exits 1 on a problem, naming the file and
-    /// the byte. Run it on a stopped node's data dir, or on a copy.
-    Check {
-        /// The data dir.
-        #[arg(long, env = "LEASEHOLD_DATA_DIR")]
-        data_dir: PathBuf,
-    },
-    /// Build the data dir of one member of a new cluster from a backup
-    /// (`leasehold snapshot save`); run it for every member, from the same
-    /// file. Tokens and lease ids move up to the next multiple of 2^48, above
-    /// any the old cluster handed out after the backup (see
-    /// docs/operations.md, Backup and restore).
-    Restore {
-        /// The backup file.
-        file: PathBuf,
-        /// The new data dir (absent or empty).
-        #[arg(long)]
-        data_dir: PathBuf,
-        /// This member's id in the new cluster.
-        #[arg(long, default_value_t = 1)]
-        node_id: u64,
-        /// The new cluster's voters, `ID=HOST:PORT,...`, the same for every
-        /// member. Without it: a single node.
-        #[arg(long, value_parser = parse_peers)]
-        peers: Option<BTreeMap<u64, String>>,
-        /// The lowest token the new cluster may grant, if higher than the
-        /// rule above gives (the highest token any client saw, say).
-        #[arg(long, default_value_t = 0)]
-        fence_floor: u64,
-    },
-}
-
-/// Runs an admin subcommand: its exit code.
-fn run_admin(admin: Admin) -> std::process::ExitCode {
-    match admin {
-        Admin::Restore {
-            file,
-            data_dir,
-            node_id,
-            peers,
-            fence_floor,
-        } => {
-            let members =
-                peers.unwrap_or_else(|| BTreeMap::from([(node_id, "127.0.0.1:7419".to_string())]));
-            let restored = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::new)
-                .and_then(|rt| {
-                    rt.block_on(leasehold_server::raft::backup::restore(
-                        &file,
-                        &data_dir,
-                        node_id,
-                        &members,
-                        fence_floor,
-                    ))
-                });
-            match restored {
-                Ok(r) => {
-                    println!(
-                        "restored {} into {} as node {node_id} of {:?}: the backup's log up to \
-                         index {}; the next token is {}, the next lease id {}",
-                        file.display(),
-                        data_dir.display(),
-                        members.keys().collect::<Vec<_>>(),
-                        r.index,
-                        r.next_fence,
-                        r.next_lease
-                    );
-                    std::process::ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("leaseholdd restore: {e:#}");
-                    std::process::ExitCode::FAILURE
-                }
-            }
-        }
-        Admin::Check { data_dir } => {
-            let report = leasehold_server::raft::check::check_data_dir(&data_dir);
-            println!("checking {}", data_dir.display());
-            for line in &report.lines {
-                println!("  {line}");
-            }
-            for problem in &report.problems {
-                println!("  problem: {problem}");
-            }
-            if report.problems.is_empty() {
-                println!("ok");
-                std::process::ExitCode::SUCCESS
-            } else {
-                println!("{} problem(s) found", report.problems.len());
-                std::process::ExitCode::FAILURE
-            }
-        }
-    }
-}
-
-fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
+pub(crate) fn parse_peers(s: &str) -> Result<BTreeMap<u64, String>, String> {
     let mut peers = BTreeMap::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part

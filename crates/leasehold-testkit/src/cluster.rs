@@ -32,6 +32,11 @@ pub struct ClusterNode {
 }
 
 impl ClusterNode {
+    /// Its data dir.
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

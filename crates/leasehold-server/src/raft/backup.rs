@@ -135,6 +135,68 @@ pub async fn restore(
     members: &BTreeMap<NodeId, String>,
     fence_floor: u64,
 ) -> anyhow::Result<Restored> {
+    check_new_member(dir, id, members)?;
+    let (meta, table) = FileSnapshots::at(backup.to_path_buf())
+        .load()
+        .with_context(|| format!("read the backup {}", backup.display()))?
+        .with_context(|| format!("no backup at {}", backup.display()))?;
+    let last = meta
+        .last_log_id
+        .context("the backup holds no log entry: there is nothing to restore")?;
+    build_member(dir, id, members, last, table, fence_floor).await
+}
+
+/// Builds in `into` (absent or empty) the data dir of a one-node cluster,
+/// node `id` at `addr`, from everything the data dir `survivor` holds: its
+/// snapshot and every entry of its log after it, committed or not (a
+/// survivor of a cluster that lost its quorum for good). Tokens move up as
+/// in a restore. `survivor` is read, not changed (beyond the cut of a torn
+/// tail that a start would make too).
+pub async fn force_new_cluster(
+    survivor: &Path,
+    into: &Path,
+    id: NodeId,
+    addr: &str,
+    fence_floor: u64,
+) -> anyhow::Result<Restored> {
+    let members = BTreeMap::from([(id, addr.to_string())]);
+    check_new_member(into, id, &members)?;
+    anyhow::ensure!(
+        format::read_dir_format(survivor)?.is_some(),
+        "{} holds no data dir",
+        survivor.display()
+    );
+    let (meta, mut table) = match FileSnapshots::in_dir(survivor).load()? {
+        Some((meta, table)) => (meta, table),
+        None => (SnapshotMeta::default(), leasehold_core::LockTable::new()),
+    };
+    let mut log = LogStore::open(survivor)
+        .with_context(|| format!("open the log in {}", survivor.display()))?;
+    let from = meta.last_log_id.as_ref().map_or(0, |l| l.index + 1);
+    let entries = openraft::storage::RaftLogReader::try_get_log_entries(&mut log, from..).await?;
+    let mut last = meta.last_log_id;
+    let mut events = Vec::new();
+    for entry in entries {
+        last = Some(entry.log_id);
+        if let openraft::EntryPayload::Normal(request) = entry.payload {
+            for command in request.commands {
+                // Refused commands change nothing, as when they were applied.
+                let _ = table.apply(request.stamp, command, &mut events);
+            }
+            events.clear();
+        }
+    }
+    let last =
+        last.context("the survivor's data dir holds no log entry: there is nothing to keep")?;
+    build_member(into, id, &members, last, table, fence_floor).await
+}
+
+/// Fails unless `dir` may become member `id` of `members`.
+fn check_new_member(
+    dir: &Path,
+    id: NodeId,
+    members: &BTreeMap<NodeId, String>,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         members.contains_key(&id),
         "node {id} is not among the members {:?}: give --node-id one of --peers",
@@ -143,21 +205,26 @@ pub async fn restore(
     if let Ok(mut entries) = std::fs::read_dir(dir) {
         anyhow::ensure!(
             entries.next().is_none(),
-            "{} is not empty: a restore builds a new data dir; move that one aside or name another",
+            "{} is not empty: this builds a new data dir; move that one aside or name another",
             dir.display()
         );
     }
-    let (meta, mut table) = FileSnapshots::at(backup.to_path_buf())
-        .load()
-        .with_context(|| format!("read the backup {}", backup.display()))?
-        .with_context(|| format!("no backup at {}", backup.display()))?;
-    let last = meta
-        .last_log_id
-        .context("the backup holds no log entry: there is nothing to restore")?;
+    Ok(())
+}
+
+/// Writes the data dir of member `id` of a new cluster of `members` whose
+/// state is `table` as of the log entry `last`.
+async fn build_member(
+    dir: &Path,
+    id: NodeId,
+    members: &BTreeMap<NodeId, String>,
+    last: super::LogId,
+    mut table: leasehold_core::LockTable,
+    fence_floor: u64,
+) -> anyhow::Result<Restored> {
     let (next_fence, next_lease) = table
         .prepare_for_new_cluster(fence_floor)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let nodes: BTreeMap<NodeId, Node> = members
         .iter()
@@ -171,8 +238,8 @@ pub async fn restore(
     format::open_data_dir(dir)?;
     FileSnapshots::in_dir(dir).save(&meta, &encode_table(&table)?)?;
     // As a node that took that snapshot: its log purged up to it, and a
-    // term at least the backup's, so the new cluster's terms go on above
-    // the entries it holds.
+    // term at least the last entry's, so the new cluster's terms go on
+    // above the entries it holds.
     let mut log = LogStore::open(dir)?;
     log.save_vote(&Vote::new(last.leader_id.term, id)).await?;
     log.purge(last).await?;

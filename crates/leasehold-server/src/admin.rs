@@ -1,0 +1,159 @@
+//! `leaseholdd`'s subcommands on a data dir: check, restore, and
+//! force-new-cluster.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+
+use leasehold_server::raft::backup::{force_new_cluster, restore, Restored};
+
+use crate::parse_peers;
+
+/// Work on a data dir instead of serving.
+#[derive(clap::Subcommand, Debug)]
+pub enum Admin {
+    /// Verify a data dir offline, changing nothing: its format, vote,
+    /// snapshot (checksums and table) and every log record, and that the
+    /// log joins the snapshot. Exits 1 on a problem, naming the file and
+    /// the byte. Run it on a stopped node's data dir, or on a copy.
+    Check {
+        /// The data dir.
+        #[arg(long, env = "LEASEHOLD_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+    /// Build the data dir of one member of a new cluster from a backup
+    /// (`leasehold snapshot save`); run it for every member, from the same
+    /// file. Tokens and lease ids move up to the next multiple of 2^48, above
+    /// any the old cluster handed out after the backup (see
+    /// docs/operations.md, Backup and restore).
+    Restore {
+        /// The backup file.
+        file: PathBuf,
+        /// The new data dir (absent or empty).
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// This member's id in the new cluster.
+        #[arg(long, default_value_t = 1)]
+        node_id: u64,
+        /// The new cluster's voters, `ID=HOST:PORT,...`, the same for every
+        /// member. Without it: a single node.
+        #[arg(long, value_parser = parse_peers)]
+        peers: Option<BTreeMap<u64, String>>,
+        /// The lowest token the new cluster may grant, if higher than the
+        /// rule above gives (the highest token any client saw, say).
+        #[arg(long, default_value_t = 0)]
+        fence_floor: u64,
+    },
+    /// Disaster recovery, when a majority of the members is gone for good:
+    /// build from a survivor's data dir a one-node cluster holding all it
+    /// had (its log included, committed or not), then add members back with
+    /// `leasehold cluster add`. Acknowledged writes that only the lost
+    /// members had are lost; tokens move up as in a restore.
+    ForceNewCluster {
+        /// The survivor's data dir (stopped); read, not changed.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The new data dir (absent or empty) to start the node on.
+        #[arg(long)]
+        into: PathBuf,
+        /// The node's id in the new cluster.
+        #[arg(long, default_value_t = 1)]
+        node_id: u64,
+        /// The node's HOST:PORT, as members and clients reach it.
+        #[arg(long)]
+        advertise: String,
+        /// The lowest token the new cluster may grant, if higher.
+        #[arg(long, default_value_t = 0)]
+        fence_floor: u64,
+    },
+}
+
+/// Runs an admin subcommand: its exit code.
+pub fn run_admin(admin: Admin) -> std::process::ExitCode {
+    match admin {
+        Admin::Restore {
+            file,
+            data_dir,
+            node_id,
+            peers,
+            fence_floor,
+        } => {
+            let members =
+                peers.unwrap_or_else(|| BTreeMap::from([(node_id, "127.0.0.1:7419".to_string())]));
+            let what = format!("{} into {}", file.display(), data_dir.display());
+            let done = block_on(restore(&file, &data_dir, node_id, &members, fence_floor));
+            report("restore", &what, node_id, &members, done)
+        }
+        Admin::ForceNewCluster {
+            data_dir,
+            into,
+            node_id,
+            advertise,
+            fence_floor,
+        } => {
+            let members = BTreeMap::from([(node_id, advertise.clone())]);
+            let what = format!("{} into {}", data_dir.display(), into.display());
+            let done = block_on(force_new_cluster(
+                &data_dir,
+                &into,
+                node_id,
+                &advertise,
+                fence_floor,
+            ));
+            report("force-new-cluster", &what, node_id, &members, done)
+        }
+        Admin::Check { data_dir } => {
+            let report = leasehold_server::raft::check::check_data_dir(&data_dir);
+            println!("checking {}", data_dir.display());
+            for line in &report.lines {
+                println!("  {line}");
+            }
+            for problem in &report.problems {
+                println!("  problem: {problem}");
+            }
+            if report.problems.is_empty() {
+                println!("ok");
+                std::process::ExitCode::SUCCESS
+            } else {
+                println!("{} problem(s) found", report.problems.len());
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Runs `work` on a runtime of its own.
+fn block_on<T>(work: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::new)?
+        .block_on(work)
+}
+
+/// Prints what a restore or a forced new cluster did: its exit code.
+fn report(
+    command: &str,
+    what: &str,
+    node_id: u64,
+    members: &BTreeMap<u64, String>,
+    done: anyhow::Result<Restored>,
+) -> std::process::ExitCode {
+    match done {
+        Ok(r) => {
+            println!(
+                "{command}: {what}, node {node_id} of {:?}: the log up to index {}; the next \
+                 token is {}, the next lease id {}",
+                members.keys().collect::<Vec<_>>(),
+                r.index,
+                r.next_fence,
+                r.next_lease
+            );
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("leaseholdd {command}: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
