@@ -9,6 +9,7 @@
 
 use leasehold_core::Event;
 
+use crate::admission::Admission;
 use crate::auth_cache::AuthCache;
 use crate::metrics::Metrics;
 
@@ -19,6 +20,8 @@ pub struct NodeContext {
     pub metrics: Metrics,
     /// Callers' tokens as of the last auth change.
     pub auth: AuthCache,
+    /// Quotas and rate limits on what callers create.
+    pub admission: Admission,
 }
 
 impl NodeContext {

@@ -18,6 +18,7 @@
 //! - [`conn`]: one client connection: protocol sniffing, timeouts, the cap.
 //! - [`server`]: wiring, for the binary and for tests.
 
+pub mod admission;
 mod api;
 mod auth_cache;
 pub mod config_file;

@@ -11,6 +11,7 @@ use std::time::Duration;
 mod admin;
 
 use admin::{run_admin, Admin};
+use leasehold_server::admission::Quotas;
 use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
@@ -91,6 +92,21 @@ struct Args {
     /// from the address they connect to, e.g. 127.0.0.1) are served.
     #[arg(long, env = "LEASEHOLD_REQUIRE_AUTH")]
     require_auth: bool,
+    /// Live leases at most; a grant past it is refused with
+    /// `resource_exhausted` (keepalives, releases and revokes never are).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_leases: Option<u64>,
+    /// Keys held at most; an acquire past it is refused.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_locks: Option<u64>,
+    /// Acquires waiting in queues at most; a wait past it is refused.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_waiters: Option<u64>,
+    /// Requests that create (grants, acquires, checkpoints) a second per
+    /// access token, with a burst of as many; keepalives, releases and
+    /// revokes are never limited. Applies once auth is on.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    rate_limit: Option<u32>,
     /// The certificate (PEM, chain) clients see; with it the port speaks
     /// TLS only (gRPC, HTTP and the framed protocol alike).
     #[arg(long, env = "LEASEHOLD_TLS_CERT", requires = "tls_key")]
@@ -217,6 +233,17 @@ fn effective_config(args: &Args) -> String {
     line("election-timeout", d(args.election_timeout));
     line("insecure", args.insecure.to_string());
     line("require-auth", args.require_auth.to_string());
+    let limits = [
+        ("max-leases", args.max_leases),
+        ("max-locks", args.max_locks),
+        ("max-waiters", args.max_waiters),
+        ("rate-limit", args.rate_limit.map(u64::from)),
+    ];
+    for (name, value) in limits {
+        if let Some(value) = value {
+            line(name, value.to_string());
+        }
+    }
     // Paths only: the files' contents (keys) are never printed.
     let paths = [
         ("tls-cert", &args.tls_cert),
@@ -420,6 +447,18 @@ fn settings(args: Args, fd_limit: Option<u64>) -> anyhow::Result<(SocketAddr, (C
         cluster,
         tls: tls.clone(),
         require_auth: args.require_auth,
+        quotas: Quotas {
+            max_leases: args
+                .max_leases
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            max_locks: args
+                .max_locks
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            max_waiters: args
+                .max_waiters
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            rate_per_token: args.rate_limit,
+        },
     };
     Ok((args.listen, (config, args.threads)))
 }

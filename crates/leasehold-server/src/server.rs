@@ -36,6 +36,8 @@ pub struct Config {
     pub tls: Option<Arc<Tls>>,
     /// Serve only callers on this machine until auth is enabled.
     pub require_auth: bool,
+    /// Limits on what callers create, and how fast.
+    pub quotas: crate::admission::Quotas,
 }
 
 /// A node of a cluster.
@@ -68,7 +70,10 @@ pub async fn run(
             source: Some(addr.ip()).filter(|ip| !ip.is_unspecified()),
         },
     };
-    let context = Arc::new(NodeContext::default());
+    let context = Arc::new(NodeContext {
+        admission: crate::admission::Admission::new(config.quotas),
+        ..NodeContext::default()
+    });
     let consensus = Consensus::start(
         &config.data_dir,
         spec,

@@ -77,10 +77,12 @@ pub enum Error {
         /// What was asked.
         what: &'static str,
     },
-    /// The store is out of a resource (memory, disk, connections), or a
-    /// request or its answer is over a size limit: nothing was done, and
-    /// sending it again at once will not help. Free some, raise the limit,
-    /// or ask for less (a narrower prefix).
+    /// The store is out of a resource (memory, disk, connections), a
+    /// request or its answer is over a size limit, or leaseholdd is at a
+    /// quota or its rate limit (`resource_exhausted`; renewing, releasing
+    /// and revoking are never refused so): nothing was done, and sending it
+    /// again at once will not help. Free some, raise the limit, or ask for
+    /// less (a narrower prefix), or later.
     #[error("the {backend} store is out of resources: {reason}; free some, raise the limit or ask for less before trying again")]
     ResourceExhausted {
         /// The backend.

@@ -169,6 +169,7 @@ mod embedded {
                 cluster: None,
                 tls: None,
                 require_auth: false,
+                quotas: Default::default(),
             };
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let server = tokio::spawn(leasehold_server::server::run(

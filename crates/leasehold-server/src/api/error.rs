@@ -19,6 +19,7 @@
 //! | `not_added`        | `FAILED_PRECONDITION` | 409  |
 //! | `tls_required`     | `UNAVAILABLE`         | 400  |
 //! | `watch_behind`     | `ABORTED`             | 410  |
+//! | `resource_exhausted` | `RESOURCE_EXHAUSTED` | 429  |
 //! | `internal`         | `INTERNAL`            | 500  |
 //!
 //! gRPC statuses carry the code in the `leasehold-code` metadata entry, plus
@@ -56,6 +57,7 @@ fn grpc_code(e: &ApiError) -> tonic::Code {
         ApiError::NotAdded(_) => tonic::Code::FailedPrecondition,
         ApiError::TlsRequired(_) => tonic::Code::Unavailable,
         ApiError::WatchBehind(_) => tonic::Code::Aborted,
+        ApiError::ResourceExhausted(_) => tonic::Code::ResourceExhausted,
         ApiError::Internal(_) => tonic::Code::Internal,
     }
 }
@@ -77,6 +79,7 @@ fn http_status(e: &ApiError) -> StatusCode {
         ApiError::NotAdded(_) => StatusCode::CONFLICT,
         ApiError::TlsRequired(_) => StatusCode::BAD_REQUEST,
         ApiError::WatchBehind(_) => StatusCode::GONE,
+        ApiError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
         ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -30,6 +30,10 @@ pub enum ApiError {
     /// read the state again (a list), then watch again.
     #[error("{0}")]
     WatchBehind(String),
+    /// A quota or rate limit refused it (see `crate::admission`): nothing
+    /// was done.
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// The server failed in a way the caller cannot fix.
     #[error("internal error: {0}")]
     Internal(String),
@@ -56,6 +60,7 @@ impl ApiError {
             ApiError::NotAdded(_) => "not_added",
             ApiError::TlsRequired(_) => "tls_required",
             ApiError::WatchBehind(_) => "watch_behind",
+            ApiError::ResourceExhausted(_) => "resource_exhausted",
             ApiError::Internal(_) => "internal",
         }
     }

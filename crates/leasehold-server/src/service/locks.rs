@@ -8,6 +8,7 @@ use super::proposals::{Joined, NewLease, Queue, Release, Renew, Revoke, Save, Ta
 #[cfg(feature = "planted-bugs")]
 use super::PlantedBug;
 use super::{audit, ApiError, LockService};
+use crate::admission::Creates;
 
 /// The lease an acquire is made under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +78,11 @@ impl LockService {
         request_id: RequestId,
     ) -> Result<(LeaseId, u64), ApiError> {
         self.measured("grant", async move {
+            self.admit(Creates {
+                lease: true,
+                ..Creates::default()
+            })
+            .await?;
             let lease = NewLease {
                 ttl_ms,
                 holder,
@@ -132,6 +138,12 @@ impl LockService {
     /// for it that ends without a grant revokes that lease.
     pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
         self.measured("acquire", async move {
+            self.admit(Creates {
+                lease: matches!(args.lease, LeaseSpec::New { .. }),
+                locks: args.set.len().max(1),
+                wait: args.wait_ms > 0,
+            })
+            .await?;
             if !args.set.is_empty() {
                 return self.acquire_set(args).await;
             }
@@ -260,6 +272,7 @@ impl LockService {
             if self.planted == Some(PlantedBug::LostCheckpoint) {
                 return Ok(());
             }
+            self.admit(Creates::default()).await?;
             self.propose_as(Save { key, fence, data }).await
         })
         .await

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use leasehold_core::auth::{AuthState, Permission, TokenId};
 use leasehold_core::{Command, LockError, LockTable};
 
+use crate::admission::{Creates, Quotas, Usage};
 use crate::auth_cache::Known;
 use crate::context::NodeContext;
 use crate::raft::Consensus;
@@ -240,6 +241,30 @@ impl LockService {
         let code = result.as_ref().err().map_or("ok", ApiError::code);
         self.context.metrics.request(op, code, started.elapsed());
         result
+    }
+
+    /// Refuses a request that would create `creates` past a quota, or come
+    /// too fast from its token (`crate::admission`). Checked against what
+    /// this node applied: on the leader, the table as it stands.
+    async fn admit(&self, creates: Creates) -> Result<(), ApiError> {
+        let admission = &self.context.admission;
+        if admission.quotas() == Quotas::default() {
+            return Ok(());
+        }
+        let (token, usage) = self
+            .consensus
+            .read_local(|t| {
+                let usage = Usage {
+                    leases: t.lease_count(),
+                    locks: t.held_count(),
+                    waiters: t.waiter_count(),
+                };
+                (self.caller(t.auth()).ok().flatten(), usage)
+            })
+            .await;
+        admission
+            .admit(token, creates, usage)
+            .map_err(|refused| ApiError::ResourceExhausted(refused.0))
     }
 
     /// Checks a command's input ([`Command::validate`]), proposes it, and

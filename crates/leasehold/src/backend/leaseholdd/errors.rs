@@ -16,6 +16,7 @@
 //! | `not_leader`, `unavailable` | `Unavailable` | nothing was done: retry (the client has followed the leader it was told of) |
 //! | `outcome_unknown` | `OutcomeUnknown` | it may have acted: retry with the same request |
 //! | `tls_required` | `TlsRequired` | connect with `https://` |
+//! | `resource_exhausted` | `ResourceExhausted` | nothing was done: retry later (renewals are never refused) |
 //! | `watch_behind` | `WatchBehind` | list the locks again, then watch again |
 //! | `not_found`, `method_not_allowed` | `Unsupported` | the server is older than this client: upgrade it |
 //! | `internal`, or a code this client does not know | `Other` | report it |
@@ -115,6 +116,10 @@ fn lock_error(
         // leader took the call, so nothing was done.
         Some("not_leader") | Some("unavailable") => Error::Unavailable(message),
         Some("tls_required") => Error::TlsRequired(message),
+        Some("resource_exhausted") => Error::ResourceExhausted {
+            backend: BACKEND,
+            reason: message,
+        },
         Some("watch_behind") => Error::WatchBehind {
             prefix: key.to_string(),
         },

@@ -1,0 +1,120 @@
+//! Quotas and the rate limit: what would pass a limit is refused with
+//! `resource_exhausted` naming it, and renewing, releasing and revoking
+//! never are, so a node at its limits still lets holders stay and leave.
+
+mod common;
+
+use common::call;
+use leasehold_testkit::{workspace_bin, Leaseholdd};
+use serde_json::{json, Value};
+
+fn refused(status: u16, answer: &Value, limit: &str) {
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(answer["error"]["code"], "resource_exhausted", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains(limit), "{message}");
+}
+
+#[tokio::test]
+async fn a_node_at_its_limits_refuses_new_work_and_lets_holders_renew_and_leave() {
+    let server = Leaseholdd::start_with(&["--max-leases", "3", "--max-locks", "2"]);
+    let a = server.addr.as_str();
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        let body = json!({ "ttl_ms": 60_000, "holder": format!("h{i}") });
+        let (status, answer) = call("POST", a, "/v1/leases", None, Some(body)).await;
+        assert_eq!(status, 200, "{answer}");
+        leases.push(answer["lease"].as_u64().expect("lease"));
+    }
+    let body = json!({ "ttl_ms": 60_000, "holder": "one too many" });
+    let (status, answer) = call("POST", a, "/v1/leases", None, Some(body)).await;
+    refused(status, &answer, "--max-leases");
+    assert!(answer["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("3 live"));
+    // An acquire that would make a lease is refused too.
+    let body = json!({ "key": "x", "ttl_ms": 60_000 });
+    let (status, answer) = call("POST", a, "/v1/acquire", None, Some(body)).await;
+    refused(status, &answer, "--max-leases");
+
+    let mut fences = Vec::new();
+    for (key, lease) in [("k1", leases[0]), ("k2", leases[1])] {
+        let body = json!({ "key": key, "lease": lease });
+        let (status, answer) = call("POST", a, "/v1/acquire", None, Some(body)).await;
+        assert_eq!(status, 200, "{answer}");
+        fences.push(answer["fence"].as_u64().expect("fence"));
+    }
+    let body = json!({ "key": "k3", "lease": leases[2] });
+    let (status, answer) = call("POST", a, "/v1/acquire", None, Some(body)).await;
+    refused(status, &answer, "--max-locks");
+
+    // At both limits: renewing, releasing and revoking all go through.
+    for lease in &leases {
+        let path = format!("/v1/leases/{lease}/keepalive");
+        let (status, answer) = call("POST", a, &path, None, Some(json!({}))).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    let body = json!({ "key": "k1", "fence": fences[0] });
+    let (status, answer) = call("POST", a, "/v1/release", None, Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let path = format!("/v1/leases/{}", leases[1]);
+    let (status, answer) = call("DELETE", a, &path, None, None).await;
+    assert_eq!(status, 200, "{answer}");
+    // And room came back.
+    let body = json!({ "key": "k3", "ttl_ms": 60_000 });
+    let (status, answer) = call("POST", a, "/v1/acquire", None, Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[tokio::test]
+async fn a_token_past_its_rate_is_slowed_and_its_renewals_are_not() {
+    let server = Leaseholdd::start_with(&["--rate-limit", "5"]);
+    let a = server.addr.as_str();
+    let (status, enabled) = call("POST", a, "/v1/auth/enable", None, None).await;
+    assert_eq!(status, 200, "{enabled}");
+    let root = enabled["token"].as_str().expect("root token").to_string();
+    let body = json!({ "ttl_ms": 60_000, "holder": "flood" });
+    let (status, answer) = call("POST", a, "/v1/leases", Some(&root), Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let lease = answer["lease"].as_u64().expect("lease");
+
+    let mut refusals = 0;
+    for i in 0..30 {
+        let body = json!({ "key": format!("f/{i}"), "lease": lease });
+        let (status, answer) = call("POST", a, "/v1/acquire", Some(&root), Some(body)).await;
+        if status == 429 {
+            refused(status, &answer, "--rate-limit");
+            refusals += 1;
+        } else {
+            assert_eq!(status, 200, "{answer}");
+        }
+    }
+    assert!(
+        refusals > 0,
+        "30 acquires at once passed a rate of 5 a second"
+    );
+    for _ in 0..30 {
+        let path = format!("/v1/leases/{lease}/keepalive");
+        let (status, answer) = call("POST", a, &path, Some(&root), Some(json!({}))).await;
+        assert_eq!(status, 200, "a renewal was refused: {answer}");
+    }
+}
+
+#[test]
+fn a_quota_of_zero_is_refused_at_start() {
+    for flag in [
+        "--max-leases",
+        "--max-locks",
+        "--max-waiters",
+        "--rate-limit",
+    ] {
+        let out = std::process::Command::new(workspace_bin("leaseholdd"))
+            .args([flag, "0", "--print-config"])
+            .output()
+            .expect("run leaseholdd");
+        assert_eq!(out.status.code(), Some(2), "{flag} 0 was taken");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains(flag) && said.contains('0'), "{said}");
+    }
+}
