@@ -92,6 +92,10 @@ struct Args {
     /// from the address they connect to, e.g. 127.0.0.1) are served.
     #[arg(long, env = "LEASEHOLD_REQUIRE_AUTH")]
     require_auth: bool,
+    /// Hash the table after every this many log entries, on every member,
+    /// and have the leader compare the hashes (0: never).
+    #[arg(long, default_value_t = 100_000)]
+    hash_check_every: u64,
     /// Live leases at most; a grant past it is refused with
     /// `resource_exhausted` (keepalives, releases and revokes never are).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -438,6 +442,7 @@ fn settings(args: Args, fd_limit: Option<u64>) -> anyhow::Result<(SocketAddr, (C
             snapshot_chunk_bytes: args.snapshot_chunk_bytes,
             heartbeat: args.heartbeat,
             election_timeout: (args.election_timeout, args.election_timeout * 2),
+            hash_check_every: args.hash_check_every,
         },
         limits: Limits {
             max_connections,

@@ -18,6 +18,7 @@
 //! | `leasehold_raft_applied_index` | gauge | last applied log index |
 //! | `leasehold_table_time_seconds` | gauge | the lock table's clock |
 //! | `leasehold_is_leader` | gauge | 1 if this node leads |
+//! | `leasehold_table_hash_mismatch` | gauge | 1 once this leader found members whose tables differ from its own |
 //! | `leasehold_raft_term` | gauge | the current term |
 //! | `leasehold_raft_last_log_index` | gauge | last log index on this node |
 //! | `leasehold_raft_snapshot_index` | gauge | last index in this node's snapshot |
@@ -87,6 +88,7 @@ pub struct Metrics {
     applied: Gauge,
     table_time: Gauge<f64, AtomicU64>,
     leader: Gauge,
+    hash_mismatch: Gauge,
     term: Gauge,
     last_log: Gauge,
     commit: Gauge,
@@ -120,6 +122,7 @@ impl Default for Metrics {
             applied: Gauge::default(),
             table_time: Gauge::default(),
             leader: Gauge::default(),
+            hash_mismatch: Gauge::default(),
             term: Gauge::default(),
             last_log: Gauge::default(),
             commit: Gauge::default(),
@@ -194,6 +197,11 @@ impl Default for Metrics {
             "leasehold_is_leader",
             "1 if this node leads",
             m.leader.clone(),
+        );
+        r.register(
+            "leasehold_table_hash_mismatch",
+            "1 once members' tables were found to differ",
+            m.hash_mismatch.clone(),
         );
         r.register("leasehold_raft_term", "The current term", m.term.clone());
         r.register(
@@ -286,6 +294,7 @@ impl Metrics {
         self.applied.set(gauge_value(now.applied_index));
         self.table_time.set(now.table_time_ms as f64 / 1_000.0);
         self.leader.set(i64::from(now.is_leader));
+        self.hash_mismatch.set(i64::from(now.table_hash_mismatch));
         self.term.set(gauge_value(now.term));
         self.last_log.set(gauge_value(now.last_log_index));
         self.commit.set(gauge_value(now.commit_index));
@@ -321,6 +330,8 @@ pub struct Gauges {
     pub table_time_ms: u64,
     /// Whether this node leads (its clock is armed).
     pub is_leader: bool,
+    /// Whether members' tables were found to differ (`raft::hash_check`).
+    pub table_hash_mismatch: bool,
     /// The current term.
     pub term: u64,
     /// The last log index on this node.

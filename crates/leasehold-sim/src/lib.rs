@@ -259,6 +259,7 @@ fn node_parts(
             snapshot_chunk_bytes: 4096,
             heartbeat: Duration::from_millis(50),
             election_timeout: (Duration::from_millis(low), Duration::from_millis(low + 1)),
+            hash_check_every: 0,
         },
         planted: match bug {
             Some(Bug::BlindRelease) => Some(PlantedBug::BlindRelease),

@@ -247,13 +247,18 @@ fn lease_id(raw: &str) -> Result<u64> {
 async fn health(State(s): State<LockService>) -> (axum::http::StatusCode, Json<Value>) {
     let c = s.consensus();
     let cluster = c.cluster_status();
+    let alarm = c.table_alarm();
     let (code, status) = if c.removed() {
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, "removed")
+    } else if alarm.is_some() {
+        // Serving still; an operator must look (`alarm` says at what).
+        (axum::http::StatusCode::OK, "degraded")
     } else {
         (axum::http::StatusCode::OK, "ok")
     };
     let body = Json(json!({
         "status": status,
+        "alarm": alarm,
         "id": cluster.id,
         // Leads and may serve: its clock is armed.
         "leader": c.now().is_some(),
@@ -300,6 +305,7 @@ async fn gauges(consensus: &crate::raft::Consensus) -> crate::metrics::Gauges {
         applied_index: consensus.last_applied(),
         table_time_ms: now,
         is_leader: consensus.now().is_some(),
+        table_hash_mismatch: consensus.table_alarm().is_some(),
         term: cluster.term,
         last_log_index: cluster.last_log_index,
         commit_index: cluster.commit_index,

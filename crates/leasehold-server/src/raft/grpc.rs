@@ -37,6 +37,7 @@ impl Consensus {
         RaftPeerServer::new(PeerService {
             raft: self.raft.clone(),
             incoming: self.incoming.clone(),
+            marks: self.shared.marks.clone(),
             require_certificates,
         })
         .max_decoding_message_size(MAX_MESSAGE)
@@ -48,6 +49,7 @@ impl Consensus {
 pub struct PeerService {
     raft: Raft,
     incoming: IncomingSnapshot,
+    marks: std::sync::Arc<super::hash_check::TableMarks>,
     require_certificates: bool,
 }
 
@@ -78,7 +80,16 @@ impl PeerService {
             })
         };
         let payload = &request.get_ref().bincode;
-        match serve(&self.raft, &self.incoming, call, payload, sender).await {
+        match serve(
+            &self.raft,
+            &self.incoming,
+            &self.marks,
+            call,
+            payload,
+            sender,
+        )
+        .await
+        {
             Ok(bincode) => Ok(Response::new(PeerMessage { bincode })),
             Err(e) if refused.get().is_some() => Err(Status::permission_denied(e)),
             Err(e) => Err(Status::invalid_argument(e)),
@@ -168,6 +179,13 @@ impl RaftPeer for PeerService {
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         self.answer(PeerCall::Membership, request).await
+    }
+
+    async fn table_mark(
+        &self,
+        request: Request<PeerMessage>,
+    ) -> Result<Response<PeerMessage>, Status> {
+        self.answer(PeerCall::TableMark, request).await
     }
 }
 
@@ -342,6 +360,7 @@ impl Transport for GrpcTransport {
                 PeerCall::TransferLeader => client.transfer_leader(message).await,
                 PeerCall::Probe => client.probe(message).await,
                 PeerCall::Membership => client.membership(message).await,
+                PeerCall::TableMark => client.table_mark(message).await,
             };
             match reply {
                 Ok(reply) => {

@@ -12,6 +12,8 @@
 //! - [`leadership`]: the leader's clock and following this node's role.
 //! - `batch`: proposals gathered into log entries (group commit).
 //! - [`backup`]: backups of the applied table, and restores from them.
+//! - [`hash_check`]: members' tables hashed at the same log indexes, and
+//!   compared by the leader.
 //! - [`peer`]: Raft's RPCs between nodes, both ends, over a [`Transport`]
 //!   (gRPC between processes).
 //! - `cluster`: membership: status, add, remove.
@@ -35,6 +37,7 @@ mod cluster;
 mod disk;
 pub mod format;
 mod grpc;
+pub mod hash_check;
 pub mod leadership;
 mod log_store;
 pub mod node;

@@ -50,6 +50,10 @@ pub struct RaftOptions {
     /// starts an election. Failover takes about the low end plus one
     /// round trip.
     pub election_timeout: (Duration, Duration),
+    /// Every member hashes its table after applying each entry whose index
+    /// is a multiple of this, and the leader compares the hashes (0: never;
+    /// see `raft::hash_check`).
+    pub hash_check_every: u64,
 }
 
 impl Default for RaftOptions {
@@ -59,6 +63,7 @@ impl Default for RaftOptions {
             snapshot_chunk_bytes: 3 * 1024 * 1024,
             heartbeat: Duration::from_millis(50),
             election_timeout: (Duration::from_millis(100), Duration::from_millis(200)),
+            hash_check_every: 100_000,
         }
     }
 }
@@ -198,6 +203,10 @@ impl Consensus {
             id: spec.id,
         };
         consensus.form_group(&spec).await?;
+        consensus.shared.marks.set_every(options.hash_check_every);
+        if options.hash_check_every > 0 {
+            consensus.check_tables_periodically();
+        }
         // Pre-vote keeps a restarted member, or one whose log is behind,
         // from deposing a healthy leader: it campaigns only if a majority
         // would vote for it.

@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use super::append_stream::{pipelined, serve_stream, Peer};
 use super::format;
+use super::hash_check::TableMarks;
 pub(super) use super::snapshot_chunks::IncomingSnapshot;
 use super::snapshot_chunks::{receive_chunk, SnapshotChunk};
 use super::{Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
@@ -94,6 +95,8 @@ pub enum PeerCall {
     Probe,
     /// A node's latest membership ([`MembershipReply`]).
     Membership,
+    /// A node's latest table hash (`hash_check::Mark`).
+    TableMark,
 }
 
 /// How a call to a peer failed before an answer came back.
@@ -175,7 +178,8 @@ impl Consensus {
     /// Answers a call from a peer: the encoded answer, or why the call
     /// could not be served. Every transport's server end calls this.
     pub async fn serve_peer(&self, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
-        serve(&self.raft, &self.incoming, call, payload, |_| Ok(())).await
+        let marks = &self.shared.marks;
+        serve(&self.raft, &self.incoming, marks, call, payload, |_| Ok(())).await
     }
 
     /// Serves a stream of appends from a peer (every transport's server
@@ -211,6 +215,7 @@ impl Consensus {
 pub(super) async fn serve(
     raft: &Raft,
     incoming: &IncomingSnapshot,
+    marks: &TableMarks,
     call: PeerCall,
     payload: &[u8],
     sender: impl Fn(NodeId) -> Result<(), String>,
@@ -257,6 +262,7 @@ pub(super) async fn serve(
                 leader: m.current_leader,
             })
         }
+        PeerCall::TableMark => encode(&marks.latest()),
         PeerCall::Membership => {
             let m = raft.metrics().borrow_watched().clone();
             let index = m.membership_config.log_id().as_ref().map(|l| l.index);

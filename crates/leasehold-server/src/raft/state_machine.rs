@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use super::format;
+use super::hash_check::TableMarks;
 use super::snapshot_store::{Meta, SnapshotStore};
 use super::{Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::context::NodeContext;
@@ -74,6 +75,8 @@ pub(crate) struct Shared {
     /// The last applied index, for the log store (applied entries leave its memory).
     applied_index: Arc<AtomicU64>,
     tap: OnceLock<ApplyTap>,
+    /// The table's hash at set indexes, for the leader's comparison.
+    pub marks: Arc<TableMarks>,
 }
 
 impl Shared {
@@ -202,6 +205,9 @@ impl Shared {
                 };
                 if let Some(tap) = tap {
                     tap(entry.log_id.index, &seen);
+                }
+                if self.marks.due(entry.log_id.index) {
+                    self.marks.record(entry.log_id.index, &applied.table);
                 }
                 outcomes.push(answers);
             }
@@ -335,6 +341,7 @@ impl StateMachine {
                 snapshot_due: Notify::new(),
                 applied_index,
                 tap: OnceLock::new(),
+                marks: Arc::default(),
             }),
         })
     }
