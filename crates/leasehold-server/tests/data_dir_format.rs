@@ -1,13 +1,13 @@
 //! A data dir written by an earlier release opens under this build with
 //! everything in it.
 //!
-//! `tests/fixtures/data-dir-0.1.0/data` was written by release 0.1.0 (see
+//! `tests/fixtures/data-dir-VERSION/data` was written by that release (see
 //! RELEASES.md) with [`write_the_fixture`]: auth on with a scoped role,
 //! exclusive, shared, semaphore and lock-set holds, a checkpoint, a queued
 //! waiter, then a snapshot, more writes after it, and `kill -9`. What it holds
 //! is in `expected.json` beside it. The log segments are committed without
 //! their preallocated zeros, which a reader treats as the end of the records
-//! either way.
+//! either way (and 0.2.0's without a record torn by the `kill -9`).
 
 mod common;
 
@@ -201,6 +201,11 @@ fn pairs(v: &Value) -> Vec<(u64, u64)> {
 #[tokio::test]
 async fn a_data_dir_of_release_0_1_0_opens_with_every_lock_lease_wait_and_token() {
     opens_with_everything_in_it("0.1.0").await;
+}
+
+#[tokio::test]
+async fn a_data_dir_of_release_0_2_0_opens_with_every_lock_lease_wait_and_token() {
+    opens_with_everything_in_it("0.2.0").await;
 }
 
 /// Opens the fixture data dir of `release` and checks every item in it.
