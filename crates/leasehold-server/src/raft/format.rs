@@ -168,14 +168,7 @@ pub fn decode_table_from(mut reader: impl Read) -> io::Result<LockTable> {
     if got < TABLE_HEADER {
         return Err(io_err("a lock table cut short in its header"));
     }
-    let format = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-    if format > TABLE_FORMAT {
-        return Err(io_err(format!(
-            "a lock table of table format {format}; this build ({BUILD}) reads formats up to \
-             {TABLE_FORMAT}: upgrade this node to the release that wrote it"
-        )));
-    }
-    let expected = u32::from_le_bytes([head[12], head[13], head[14], head[15]]);
+    let expected = header_checksum(&head)?;
     let mut hashing = Hashing {
         inner: reader,
         crc: crc32fast::Hasher::new(),
@@ -187,11 +180,7 @@ pub fn decode_table_from(mut reader: impl Read) -> io::Result<LockTable> {
     hashing.read_to_end(&mut rest)?;
     let (read, crc) = (hashing.read, hashing.crc.finalize());
     if crc != expected {
-        return Err(io_err(format!(
-            "the lock table fails its checksum (bytes {TABLE_HEADER}..{} hash to {crc:08x}, \
-             the header says {expected:08x}): the data is corrupt",
-            TABLE_HEADER as u64 + read
-        )));
+        return Err(checksum_failed(TABLE_HEADER as u64 + read, crc, expected));
     }
     let table = decoded.map_err(|e| io_err(format!("not a lock table: {e}")))?;
     if !rest.is_empty() {
@@ -206,26 +195,39 @@ pub fn decode_table_from(mut reader: impl Read) -> io::Result<LockTable> {
 /// Checks an encoded table's version and checksum without decoding it. An
 /// encoding 0.1.0 wrote has neither, and passes: decoding it checks it.
 pub fn check_table(bytes: &[u8]) -> io::Result<()> {
-    if bytes.len() < TABLE_HEADER || bytes[..8] != TABLE_MAGIC {
+    if bytes.len() < 8 || bytes[..8] != TABLE_MAGIC {
         return Ok(());
     }
-    let format = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    let Some(head) = bytes.first_chunk::<TABLE_HEADER>() else {
+        return Err(io_err("a lock table cut short in its header"));
+    };
+    let expected = header_checksum(head)?;
+    let crc = crc32fast::hash(&bytes[TABLE_HEADER..]);
+    if crc != expected {
+        return Err(checksum_failed(bytes.len() as u64, crc, expected));
+    }
+    Ok(())
+}
+
+/// The checksum a table's header gives, once its version is one this build
+/// reads.
+fn header_checksum(head: &[u8; TABLE_HEADER]) -> io::Result<u32> {
+    let format = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
     if format > TABLE_FORMAT {
         return Err(io_err(format!(
             "a lock table of table format {format}; this build ({BUILD}) reads formats up to \
              {TABLE_FORMAT}: upgrade this node to the release that wrote it"
         )));
     }
-    let expected = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
-    let crc = crc32fast::hash(&bytes[TABLE_HEADER..]);
-    if crc != expected {
-        return Err(io_err(format!(
-            "the lock table fails its checksum (bytes {TABLE_HEADER}..{} hash to {crc:08x}, \
-             the header says {expected:08x}): the data is corrupt",
-            bytes.len()
-        )));
-    }
-    Ok(())
+    Ok(u32::from_le_bytes([head[12], head[13], head[14], head[15]]))
+}
+
+/// A table whose bytes up to `end` hash to `crc`, not to `expected`.
+fn checksum_failed(end: u64, crc: u32, expected: u32) -> io::Error {
+    io_err(format!(
+        "the lock table fails its checksum (bytes {TABLE_HEADER}..{end} hash to {crc:08x}, the \
+         header says {expected:08x}): the data is corrupt"
+    ))
 }
 
 /// Reads until `buf` is full or the reader ends: how much was read.
