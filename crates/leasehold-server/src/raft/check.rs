@@ -11,7 +11,7 @@ use std::fs;
 use std::path::Path;
 
 use super::format::{read_dir_format, DATA_FORMAT};
-use super::log_store::records::{replay_records, Record};
+use super::log_store::records::{replay_records, Record, Tail};
 use super::snapshot_store::{FileSnapshots, SnapshotStore};
 use super::Vote;
 
@@ -165,7 +165,7 @@ fn check_log(dir: &Path, report: &mut CheckReport) -> Option<LogContents> {
             }
         };
         let is_last = i + 1 == names.len();
-        let replayed = replay_records(name, &bytes, is_last, |record| match record {
+        let replayed = replay_records(name, &bytes, is_last, Tail::Strict, |record| match record {
             Record::Entry(entry) => {
                 contents.entries.insert(entry.log_id.index);
             }

@@ -56,7 +56,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::disk::{FsDisk, LogDisk, LogFile};
 use super::{Entry, LogId, TypeConfig, Vote};
-use records::{encode, replay_segment, segment_name, segment_numbers, Record, RecordRef};
+use records::{encode, replay_segment, segment_name, segment_numbers, Record, RecordRef, Tail};
 use writer::{write_jobs, Done, Job, Records, Writer};
 
 /// A new segment is started once the current one passes this size. Small
@@ -299,7 +299,7 @@ impl<D: LogDisk> LogStore<D> {
             let is_last = i + 1 == numbers.len();
             let mut highest = 0;
             let mut span = Span::default();
-            let replayed = replay_segment(&*disk, &name, is_last, |record| {
+            let replayed = replay_segment(&*disk, &name, is_last, Tail::Strict, |record| {
                 span.record(&record);
                 if let Record::Entry(entry) = &record {
                     highest = highest.max(entry.log_id.index);
@@ -433,6 +433,7 @@ impl<D: LogDisk> LogStore<D> {
                 &*self.disk,
                 &segment_name(number),
                 Some(number) == last,
+                Tail::Growing,
                 |record| {
                     replay_into(&mut found, record, |index| range.contains(&index));
                 },

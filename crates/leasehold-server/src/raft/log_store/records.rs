@@ -67,6 +67,17 @@ pub(crate) fn segment_numbers(disk: &impl LogDisk) -> io::Result<Vec<u64>> {
     Ok(numbers)
 }
 
+/// How a damaged record in the last segment is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tail {
+    /// At open and in `check`: a torn tail is cut, other damage is an error
+    /// (see the module doc).
+    Strict,
+    /// A read while the writer appends: the records end at the first one
+    /// not yet whole (it is being written, past every flushed entry).
+    Growing,
+}
+
 /// Where a segment's intact records end, and whether only zeros follow.
 pub(crate) struct Replayed {
     pub records_end: u64,
@@ -78,10 +89,11 @@ pub(crate) fn replay_segment(
     disk: &impl LogDisk,
     name: &str,
     is_last: bool,
+    tail: Tail,
     f: impl FnMut(Record),
 ) -> io::Result<Replayed> {
     let bytes = disk.read(name)?;
-    let end = replay_records(name, &bytes, is_last, f)?;
+    let end = replay_records(name, &bytes, is_last, tail, f)?;
     Ok(Replayed {
         records_end: end,
         zeros_after: bytes[end as usize..].iter().all(|&b| b == 0),
@@ -94,6 +106,7 @@ pub(crate) fn replay_records(
     name: &str,
     bytes: &[u8],
     is_last: bool,
+    tail: Tail,
     mut f: impl FnMut(Record),
 ) -> io::Result<u64> {
     let mut at = 0usize;
@@ -109,6 +122,9 @@ pub(crate) fn replay_records(
                      last segment: {}",
                     WHAT_TO_DO
                 )));
+            }
+            if tail == Tail::Growing {
+                return Ok(at as u64);
             }
             match intact_record_after(bytes, at) {
                 Some(next) if !zeroed_sector_within(bytes, at, next) => Err(io_err(format!(
@@ -172,6 +188,21 @@ fn zeroed_sector_within(bytes: &[u8], from: usize, to: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damage_before_an_intact_record_stops_an_open_but_only_ends_a_read() {
+        let mut bytes = Vec::new();
+        for n in 1..=3 {
+            encode(&RecordRef::Truncate(n), &mut bytes).unwrap();
+        }
+        let second = bytes.len() / 3;
+        bytes[second + 9] ^= 0x01;
+        let err = replay_records("s", &bytes, true, Tail::Strict, |_| {}).unwrap_err();
+        assert!(err.to_string().contains(&format!("byte {second}")), "{err}");
+        let mut read = 0;
+        let end = replay_records("s", &bytes, true, Tail::Growing, |_| read += 1).unwrap();
+        assert_eq!((end as usize, read), (second, 1));
+    }
 
     #[test]
     fn a_zeroed_sector_is_found_only_when_whole_and_inside() {
