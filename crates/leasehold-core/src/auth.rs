@@ -323,6 +323,11 @@ impl AuthState {
             .and_then(|t| self.roles.get(&t.role))
     }
 
+    /// The name of a live token's role.
+    pub fn role_name(&self, token: TokenId) -> Option<&str> {
+        self.tokens.get(&token).map(|t| t.role.as_str())
+    }
+
     /// The roles, by name.
     pub fn roles(&self) -> &BTreeMap<String, Role> {
         &self.roles

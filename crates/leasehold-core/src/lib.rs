@@ -39,7 +39,7 @@ mod table;
 pub use command::{Checkpoint, Command, Event, Grant, Mode, Response, Stamp, WaitEnd};
 pub use error::LockError;
 pub use table::{
-    HolderView, LeaseView, LockTable, LockView, Outcome, WaiterView, DEDUPE_CAPACITY,
+    Growth, HolderView, LeaseView, LockTable, LockView, Outcome, WaiterView, DEDUPE_CAPACITY,
     DEDUPE_WINDOW_MS, REATTACH_MS, RESTORE_STRIDE,
 };
 

@@ -381,8 +381,25 @@ impl Checker {
             };
         }
         let mut events = Vec::new();
+        let growth = time_only.growth(&command, None);
         let outcome = self.table.apply(stamp, command.clone(), &mut events);
         self.table.check_invariants().map_err(TestCaseError::fail)?;
+
+        // The growth a quota is checked against is never less than the real one.
+        let grew = |after: usize, before: usize| after.saturating_sub(before);
+        prop_assert!(
+            grew(self.table.lease_count(), time_only.lease_count()) <= growth.leases
+                && grew(self.table.held_count(), time_only.held_count()) <= growth.keys
+                && grew(self.table.waiter_count(), time_only.waiter_count()) <= growth.waits,
+            "{:?} grew the table past {:?}",
+            command,
+            growth
+        );
+        if let Some(owner) = growth.owner {
+            prop_assert!(
+                grew(self.table.leases_of(owner), time_only.leases_of(owner)) <= growth.leases
+            );
+        }
 
         // Events from the passage of time come first and are the same ones.
         prop_assert_eq!(&events[..time_events.len()], &time_events[..]);

@@ -17,6 +17,9 @@ pub struct Flag {
     pub env: Option<String>,
     /// Whether it takes a value (`false`: a switch such as `--insecure`).
     pub takes_value: bool,
+    /// Whether it may be given more than once (`--role-quota`), so the file
+    /// may hold an array of its values.
+    pub repeats: bool,
 }
 
 /// The arguments the file's settings stand for.
@@ -44,6 +47,22 @@ pub fn to_args(text: &str, flags: &[Flag]) -> Result<Vec<String>, String> {
                 toml::Value::Boolean(true) => args.push(format!("--{name}")),
                 toml::Value::Boolean(false) => {}
                 other => return Err(format!("{key} takes true or false, not {other}")),
+            }
+            continue;
+        }
+        // A flag given more than once (`--role-quota`): an array of values.
+        if let toml::Value::Array(items) = value {
+            if !flag.repeats {
+                return Err(format!("{key} takes one value, not an array"));
+            }
+            for item in items {
+                let text = match item {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Integer(i) => i.to_string(),
+                    other => return Err(format!("{key} holds {other}; give strings")),
+                };
+                args.push(format!("--{name}"));
+                args.push(text);
             }
             continue;
         }
@@ -77,6 +96,7 @@ mod tests {
             name: name.into(),
             env: env.map(Into::into),
             takes_value,
+            repeats: name == "role-quota",
         };
         vec![
             flag("listen", Some("LEASEHOLD_TEST_UNSET_LISTEN"), true),
@@ -85,7 +105,23 @@ mod tests {
             flag("peers", None, true),
             flag("heartbeat", None, true),
             flag("insecure", None, false),
+            flag("role-quota", None, true),
         ]
+    }
+
+    #[test]
+    fn an_array_gives_the_flag_once_for_each_value() {
+        let text = r#"role-quota = ["batch=leases:10", "web=rate:50"]"#;
+        assert_eq!(
+            to_args(text, &flags()).expect("args"),
+            [
+                "--role-quota",
+                "batch=leases:10",
+                "--role-quota",
+                "web=rate:50"
+            ]
+        );
+        assert!(to_args("role-quota = [1.5]", &flags()).is_err());
     }
 
     #[test]
@@ -128,6 +164,7 @@ mod tests {
         let switch = to_args("insecure = \"yes\"", &flags()).unwrap_err();
         assert!(switch.contains("true or false"), "{switch}");
         assert!(to_args("listen = ", &flags()).is_err());
-        assert!(to_args("listen = [1, 2]", &flags()).is_err());
+        let array = to_args("listen = [\"a\", \"b\"]", &flags()).unwrap_err();
+        assert!(array.contains("one value"), "{array}");
     }
 }

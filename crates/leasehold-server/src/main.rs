@@ -11,7 +11,7 @@ use std::time::Duration;
 mod admin;
 
 use admin::{run_admin, Admin};
-use leasehold_server::admission::Quotas;
+use leasehold_server::admission::{Quotas, RoleQuota};
 use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
@@ -106,11 +106,20 @@ struct Args {
     /// Acquires waiting in queues at most; a wait past it is refused.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_waiters: Option<u64>,
+    /// Live leases at most per access token (once auth is on); a grant
+    /// past it is refused for that token alone.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_leases_per_token: Option<u64>,
     /// Requests that create (grants, acquires, checkpoints) a second per
     /// access token, with a burst of as many; keepalives, releases and
     /// revokes are never limited. Applies once auth is on.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     rate_limit: Option<u32>,
+    /// A role's own limits on each of its tokens, `ROLE=leases:N,rate:M`
+    /// (either or both), in place of --max-leases-per-token and
+    /// --rate-limit for that role's tokens. Repeat it for more roles.
+    #[arg(long, value_parser = RoleQuota::parse)]
+    role_quota: Vec<(String, RoleQuota)>,
     /// The certificate (PEM, chain) clients see; with it the port speaks
     /// TLS only (gRPC, HTTP and the framed protocol alike).
     #[arg(long, env = "LEASEHOLD_TLS_CERT", requires = "tls_key")]
@@ -195,6 +204,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 name: a.get_long()?.to_string(),
                 env: a.get_env().map(|e| e.to_string_lossy().into_owned()),
                 takes_value: a.get_action().takes_values(),
+                repeats: matches!(a.get_action(), clap::ArgAction::Append),
             })
         })
         .collect();
@@ -241,12 +251,26 @@ fn effective_config(args: &Args) -> String {
         ("max-leases", args.max_leases),
         ("max-locks", args.max_locks),
         ("max-waiters", args.max_waiters),
+        ("max-leases-per-token", args.max_leases_per_token),
         ("rate-limit", args.rate_limit.map(u64::from)),
     ];
     for (name, value) in limits {
         if let Some(value) = value {
             line(name, value.to_string());
         }
+    }
+    if !args.role_quota.is_empty() {
+        let quotas: Vec<String> = args
+            .role_quota
+            .iter()
+            .map(|(role, quota)| {
+                let mut limits = Vec::new();
+                limits.extend(quota.leases.map(|n| format!("leases:{n}")));
+                limits.extend(quota.rate.map(|n| format!("rate:{n}")));
+                q(format!("{role}={}", limits.join(",")))
+            })
+            .collect();
+        line("role-quota", format!("[{}]", quotas.join(", ")));
     }
     // Paths only: the files' contents (keys) are never printed.
     let paths = [
@@ -462,7 +486,11 @@ fn settings(args: Args, fd_limit: Option<u64>) -> anyhow::Result<(SocketAddr, (C
             max_waiters: args
                 .max_waiters
                 .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            max_leases_per_token: args
+                .max_leases_per_token
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             rate_per_token: args.rate_limit,
+            per_role: args.role_quota.iter().cloned().collect(),
         },
     };
     Ok((args.listen, (config, args.threads)))

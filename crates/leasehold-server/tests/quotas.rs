@@ -48,6 +48,12 @@ async fn a_node_at_its_limits_refuses_new_work_and_lets_holders_renew_and_leave(
     let body = json!({ "key": "k3", "lease": leases[2] });
     let (status, answer) = call("POST", a, "/v1/acquire", None, Some(body)).await;
     refused(status, &answer, "--max-locks");
+    // At the limit, asking again for what a lease holds adds nothing: it is
+    // answered with the hold, not refused.
+    let body = json!({ "key": "k2", "lease": leases[1] });
+    let (status, answer) = call("POST", a, "/v1/acquire", None, Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["fence"].as_u64(), Some(fences[1]), "{answer}");
 
     // At both limits: renewing, releasing and revoking all go through.
     for lease in &leases {
@@ -65,6 +71,101 @@ async fn a_node_at_its_limits_refuses_new_work_and_lets_holders_renew_and_leave(
     let body = json!({ "key": "k3", "ttl_ms": 60_000 });
     let (status, answer) = call("POST", a, "/v1/acquire", None, Some(body)).await;
     assert_eq!(status, 200, "{answer}");
+}
+
+#[tokio::test]
+async fn a_retry_of_an_answered_request_is_not_refused_at_the_limit() {
+    let server = Leaseholdd::start_with(&["--max-leases", "1", "--max-locks", "1"]);
+    let a = server.addr.as_str();
+    let first = json!({ "key": "k", "ttl_ms": 60_000, "request_id": 77 });
+    let (status, answer) = call("POST", a, "/v1/acquire", None, Some(first.clone())).await;
+    assert_eq!(status, 200, "{answer}");
+    // Both limits are reached; the retry (its answer lost, say) gets the
+    // first answer again, and a new request is refused.
+    let (status, again) = call("POST", a, "/v1/acquire", None, Some(first)).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["fence"], answer["fence"], "{again}");
+    assert_eq!(again["lease"], answer["lease"], "{again}");
+    let other = json!({ "key": "j", "ttl_ms": 60_000, "request_id": 78 });
+    let (status, refusal) = call("POST", a, "/v1/acquire", None, Some(other)).await;
+    refused(status, &refusal, "--max-leases");
+}
+
+#[tokio::test]
+async fn a_token_at_its_lease_limit_is_refused_and_another_token_is_not() {
+    let server = Leaseholdd::start_with(&["--max-leases-per-token", "2"]);
+    let a = server.addr.as_str();
+    let (status, enabled) = call("POST", a, "/v1/auth/enable", None, None).await;
+    assert_eq!(status, 200, "{enabled}");
+    let root = enabled["token"].as_str().expect("root token").to_string();
+    let rules = json!({ "rules": [{ "prefix": "", "permission": "lock" }] });
+    let (status, body) = call("PUT", a, "/v1/auth/roles/w", Some(&root), Some(rules)).await;
+    assert_eq!(status, 200, "{body}");
+    let made = json!({ "name": "w", "role": "w" });
+    let (status, body) = call("POST", a, "/v1/auth/tokens", Some(&root), Some(made)).await;
+    assert_eq!(status, 200, "{body}");
+    let worker = body["token"].as_str().expect("token").to_string();
+
+    let grant = json!({ "ttl_ms": 60_000, "holder": "w" });
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        let (status, answer) =
+            call("POST", a, "/v1/leases", Some(&worker), Some(grant.clone())).await;
+        assert_eq!(status, 200, "{answer}");
+        leases.push(answer["lease"].as_u64().expect("lease"));
+    }
+    let (status, answer) = call("POST", a, "/v1/leases", Some(&worker), Some(grant.clone())).await;
+    refused(status, &answer, "--max-leases-per-token");
+    assert!(answer["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("2 live"));
+    // Another token has room of its own.
+    let (status, answer) = call("POST", a, "/v1/leases", Some(&root), Some(grant.clone())).await;
+    assert_eq!(status, 200, "{answer}");
+    // The worker's own leases still take locks, and a revoke makes room.
+    let body = json!({ "key": "k", "lease": leases[0] });
+    let (status, answer) = call("POST", a, "/v1/acquire", Some(&worker), Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let path = format!("/v1/leases/{}", leases[1]);
+    let (status, answer) = call("DELETE", a, &path, Some(&worker), None).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = call("POST", a, "/v1/leases", Some(&worker), Some(grant)).await;
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[tokio::test]
+async fn a_roles_quota_holds_its_tokens_and_not_others() {
+    let server = Leaseholdd::start_with(&[
+        "--max-leases-per-token",
+        "50",
+        "--role-quota",
+        "batch=leases:1",
+    ]);
+    let a = server.addr.as_str();
+    let (status, enabled) = call("POST", a, "/v1/auth/enable", None, None).await;
+    assert_eq!(status, 200, "{enabled}");
+    let root = enabled["token"].as_str().expect("root token").to_string();
+    let rules = json!({ "rules": [{ "prefix": "jobs/", "permission": "lock" }] });
+    let (status, body) = call("PUT", a, "/v1/auth/roles/batch", Some(&root), Some(rules)).await;
+    assert_eq!(status, 200, "{body}");
+    let made = json!({ "name": "nightly", "role": "batch" });
+    let (status, body) = call("POST", a, "/v1/auth/tokens", Some(&root), Some(made)).await;
+    assert_eq!(status, 200, "{body}");
+    let batch = body["token"].as_str().expect("token").to_string();
+
+    let body = json!({ "key": "jobs/a", "ttl_ms": 60_000 });
+    let (status, answer) = call("POST", a, "/v1/acquire", Some(&batch), Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let body = json!({ "key": "jobs/b", "ttl_ms": 60_000 });
+    let (status, answer) = call("POST", a, "/v1/acquire", Some(&batch), Some(body)).await;
+    refused(status, &answer, "--role-quota batch");
+    // Root's role has no quota of its own: the flag's 50 hold for it.
+    for i in 0..3 {
+        let body = json!({ "key": format!("r/{i}"), "ttl_ms": 60_000 });
+        let (status, answer) = call("POST", a, "/v1/acquire", Some(&root), Some(body)).await;
+        assert_eq!(status, 200, "{answer}");
+    }
 }
 
 #[tokio::test]
@@ -102,11 +203,25 @@ async fn a_token_past_its_rate_is_slowed_and_its_renewals_are_not() {
 }
 
 #[test]
+fn a_role_quota_of_zero_or_without_its_form_is_refused_at_start() {
+    for bad in ["batch=leases:0", "batch", "batch=size:5"] {
+        let out = std::process::Command::new(workspace_bin("leaseholdd"))
+            .args(["--role-quota", bad, "--print-config"])
+            .output()
+            .expect("run leaseholdd");
+        assert_eq!(out.status.code(), Some(2), "{bad} was taken");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains("ROLE=leases:N,rate:M"), "{said}");
+    }
+}
+
+#[test]
 fn a_quota_of_zero_is_refused_at_start() {
     for flag in [
         "--max-leases",
         "--max-locks",
         "--max-waiters",
+        "--max-leases-per-token",
         "--rate-limit",
     ] {
         let out = std::process::Command::new(workspace_bin("leaseholdd"))

@@ -142,6 +142,11 @@ impl LockTable {
         }
     }
 
+    /// Whether this caller's request `request_id` was answered and kept.
+    pub(super) fn answered(&self, caller: Caller, request_id: RequestId) -> bool {
+        request_id != 0 && self.state.answered.contains_key(&(caller, request_id))
+    }
+
     /// Keeps an answer for retries. Only what changed something is
     /// remembered: a refusal changed nothing, so a retry is judged afresh.
     pub(super) fn remember(

@@ -162,6 +162,18 @@ impl LockTable {
                 self.held_keys
             ));
         }
+        let mut owned = std::collections::BTreeMap::new();
+        for lease in self.state.leases.values() {
+            if let Some(owner) = lease.owner {
+                *owned.entry(owner).or_insert(0_usize) += 1;
+            }
+        }
+        if self.owned_leases != owned {
+            return Err(format!(
+                "leases counted per token {:?}, owned {owned:?}",
+                self.owned_leases
+            ));
+        }
         Ok(())
     }
 }

@@ -39,13 +39,15 @@ mod sets;
 mod state;
 mod view;
 
+use std::collections::BTreeMap;
+
 use crate::auth::TokenId;
 use crate::command::{Command, Event, Response, Stamp};
 use crate::{Fence, LeaseId, LockError, Time};
 
 use state::TableState;
 
-pub use view::{HolderView, LeaseView, LockView, WaiterView};
+pub use view::{Growth, HolderView, LeaseView, LockView, WaiterView};
 
 /// How long (table time) the answer to a request id is kept for retries.
 pub const DEDUPE_WINDOW_MS: Time = 60_000;
@@ -80,10 +82,15 @@ pub struct LockTable {
     /// that reading it costs nothing at a million locks (`/metrics` reads it
     /// on every scrape). Not in the snapshot: counted again on load.
     held_keys: usize,
+    /// How many live leases each token owns, kept like `held_keys` (a
+    /// quota per token reads it on every grant). Not in the snapshot.
+    owned_leases: BTreeMap<TokenId, usize>,
 }
 
-/// How far a restore moves the token and lease id sequences: to the next
-/// multiple of 2^48 (at 100,000 grants a second, 89 years of grants).
+/// How far a restore moves the token and lease id sequences: to the first
+/// multiple of 2^48 at least 2^48 above the next one, so the old cluster
+/// could have granted 2^48 more after the backup (at 100,000 grants a
+/// second, 89 years of grants) and still be below the new one.
 pub const RESTORE_STRIDE: u64 = 1 << 48;
 
 impl Default for LockTable {

@@ -111,6 +111,9 @@ impl LockTable {
         self.state.next_lease += 1;
         let deadline = self.state.now.saturating_add(ttl_ms);
         let lease = Lease::new(holder, ttl_ms, deadline, owner);
+        if let Some(owner) = owner {
+            *self.owned_leases.entry(owner).or_default() += 1;
+        }
         self.state.leases.insert(id, lease);
         self.state.deadlines.add_lease(deadline, id);
         id
@@ -232,6 +235,14 @@ impl LockTable {
         let Some(lease) = self.state.leases.remove(&id) else {
             return Vec::new();
         };
+        if let Some(owner) = lease.owner {
+            if let Some(n) = self.owned_leases.get_mut(&owner) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.owned_leases.remove(&owner);
+                }
+            }
+        }
         self.state.deadlines.remove_lease(lease.deadline, id);
         for key in &lease.waiting {
             self.withdraw(key, id, WaitEnd::LeaseGone, false, events);

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::auth::AuthState;
+use crate::auth::{AuthState, TokenId};
 use crate::{Fence, LeaseId, RequestId, Time};
 
 use super::answers::{deserialize_answers, serialize_sorted, Answers, Caller};
@@ -96,7 +96,7 @@ impl TableState {
 impl LockTable {
     /// The table that stands on `state`, with the indexes and counts derived
     /// from it: the keys each lease holds and waits for, and how many keys
-    /// are held. Whatever those indexes held in `state` is replaced.
+    /// are held, and how many leases each token owns. Whatever those indexes held in `state` is replaced.
     pub(super) fn rebuilt(mut state: TableState) -> Self {
         let mut held_keys = 0;
         // Each lease's keys, gathered in key order and then built into their
@@ -112,11 +112,19 @@ impl LockTable {
                 waiting.entry(w.lease).or_default().push(key.clone());
             }
         }
+        let mut owned_leases: BTreeMap<TokenId, usize> = BTreeMap::new();
         for (id, lease) in &mut state.leases {
+            if let Some(owner) = lease.owner {
+                *owned_leases.entry(owner).or_default() += 1;
+            }
             lease.held = held.remove(id).unwrap_or_default().into_iter().collect();
             lease.waiting = waiting.remove(id).unwrap_or_default().into_iter().collect();
         }
-        LockTable { state, held_keys }
+        LockTable {
+            state,
+            held_keys,
+            owned_leases,
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use crate::auth::TokenId;
 use crate::command::{Checkpoint, Command, Mode, Stamp};
 use crate::{Fence, LeaseId, Time};
 
+use super::answers::Caller;
 use super::lock::{Holding, Lease, Lock};
 use super::LockTable;
 
@@ -87,6 +88,26 @@ pub struct LeaseView {
     pub owner: Option<TokenId>,
 }
 
+/// What a command would add to the table at most ([`LockTable::growth`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Growth {
+    /// New leases.
+    pub leases: usize,
+    /// Keys newly held.
+    pub keys: usize,
+    /// New waits in queues.
+    pub waits: usize,
+    /// The token the command runs as, which owns what it creates.
+    pub owner: Option<TokenId>,
+}
+
+impl Growth {
+    /// Whether it adds nothing.
+    pub fn is_none(&self) -> bool {
+        self.leases == 0 && self.keys == 0 && self.waits == 0
+    }
+}
+
 impl LockTable {
     /// Table time: the highest stamp applied so far.
     pub fn now(&self) -> Time {
@@ -156,6 +177,84 @@ impl LockTable {
             }
         }
         keys
+    }
+
+    /// At most how much applying `command` now would grow the table, for
+    /// quotas checked before it is proposed. A retry of a request already
+    /// answered grows nothing, nor does asking again for a key the lease
+    /// holds or waits for (a caller re-attaching after a leader change);
+    /// releases, renewals, revokes and checkpoints grow nothing either. An
+    /// acquire that may wait counts both the hold and the wait, since which
+    /// it becomes is known only when it applies. `owner` is the token the
+    /// command runs as, unless it is wrapped in [`Command::As`].
+    pub fn growth(&self, command: &Command, owner: Option<TokenId>) -> Growth {
+        let mut owner = owner;
+        let mut command = command;
+        while let Command::As {
+            token,
+            command: inner,
+        } = command
+        {
+            owner = token.or(owner);
+            command = inner;
+        }
+        let granting = owner.map_or(Caller::Granting, Caller::GrantingAs);
+        let has = |lease: LeaseId, key: &str| {
+            self.state
+                .leases
+                .get(&lease)
+                .is_some_and(|l| l.held.contains(key) || l.waiting.contains(key))
+        };
+        let mut growth = Growth {
+            owner,
+            ..Growth::default()
+        };
+        match command {
+            Command::Grant { request_id, .. } if !self.answered(granting, *request_id) => {
+                growth.leases = 1;
+            }
+            Command::GrantAndAcquire {
+                request_id,
+                wait_ms,
+                ..
+            } if !self.answered(granting, *request_id) => {
+                growth.leases = 1;
+                growth.keys = 1;
+                growth.waits = usize::from(*wait_ms > 0);
+            }
+            Command::Acquire {
+                lease,
+                key,
+                wait_ms,
+                request_id,
+                ..
+            } if !self.answered(Caller::Lease(*lease), *request_id) && !has(*lease, key) => {
+                growth.keys = 1;
+                growth.waits = usize::from(*wait_ms > 0);
+            }
+            Command::AcquireSet {
+                lease,
+                keys,
+                wait_ms,
+                request_id,
+                ..
+            } if !self.answered(Caller::Lease(*lease), *request_id) => {
+                let new: std::collections::BTreeSet<&str> = keys
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|k| !has(*lease, k))
+                    .collect();
+                growth.keys = new.len();
+                growth.waits = usize::from(*wait_ms > 0 && !new.is_empty());
+            }
+            _ => {}
+        }
+        growth
+    }
+
+    /// How many live leases `token` owns. Constant time.
+    pub fn leases_of(&self, token: TokenId) -> usize {
+        self.owned_leases.get(&token).copied().unwrap_or(0)
     }
 
     // ---- reading ----

@@ -8,7 +8,6 @@ use super::proposals::{Joined, NewLease, Queue, Release, Renew, Revoke, Save, Ta
 #[cfg(feature = "planted-bugs")]
 use super::PlantedBug;
 use super::{audit, ApiError, LockService};
-use crate::admission::Creates;
 
 /// The lease an acquire is made under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,11 +77,12 @@ impl LockService {
         request_id: RequestId,
     ) -> Result<(LeaseId, u64), ApiError> {
         self.measured("grant", async move {
-            self.admit(Creates {
-                lease: true,
-                ..Creates::default()
-            })
-            .await?;
+            let grant = Command::Grant {
+                ttl_ms,
+                holder: holder.clone(),
+                request_id,
+            };
+            self.admit(&[grant]).await?;
             let lease = NewLease {
                 ttl_ms,
                 holder,
@@ -138,13 +138,21 @@ impl LockService {
     /// for it that ends without a grant revokes that lease.
     pub async fn acquire(&self, args: AcquireArgs) -> Result<Grant, ApiError> {
         self.measured("acquire", async move {
-            self.admit(Creates {
-                lease: matches!(args.lease, LeaseSpec::New { .. }),
-                locks: args.set.len().max(1),
-                wait: args.wait_ms > 0,
-            })
-            .await?;
             if !args.set.is_empty() {
+                let mut asks = Vec::new();
+                if let LeaseSpec::New { ttl_ms, holder } = &args.lease {
+                    asks.push(Command::Grant {
+                        ttl_ms: *ttl_ms,
+                        holder: holder.clone(),
+                        request_id: args.request_id,
+                    });
+                }
+                let lease = match args.lease {
+                    LeaseSpec::Existing(lease) => lease,
+                    LeaseSpec::New { .. } => 0,
+                };
+                asks.push(args.command(lease));
+                self.admit(&asks).await?;
                 return self.acquire_set(args).await;
             }
             let command = match &args.lease {
@@ -161,6 +169,7 @@ impl LockService {
             };
             // Checked before the wait registers for an outcome.
             command.validate()?;
+            self.admit(std::slice::from_ref(&command)).await?;
             if args.wait_ms == 0 {
                 return self.propose_as(Take(command)).await;
             }
@@ -272,7 +281,7 @@ impl LockService {
             if self.planted == Some(PlantedBug::LostCheckpoint) {
                 return Ok(());
             }
-            self.admit(Creates::default()).await?;
+            self.admit(&[]).await?;
             self.propose_as(Save { key, fence, data }).await
         })
         .await

@@ -29,9 +29,9 @@ mod watch;
 use std::sync::Arc;
 
 use leasehold_core::auth::{AuthState, Permission, TokenId};
-use leasehold_core::{Command, LockError, LockTable};
+use leasehold_core::{Command, Growth, LockError, LockTable};
 
-use crate::admission::{Creates, Quotas, Usage};
+use crate::admission::{Quotas, Usage};
 use crate::auth_cache::Known;
 use crate::context::NodeContext;
 use crate::raft::Consensus;
@@ -243,27 +243,42 @@ impl LockService {
         result
     }
 
-    /// Refuses a request that would create `creates` past a quota, or come
-    /// too fast from its token (`crate::admission`). Checked against what
-    /// this node applied: on the leader, the table as it stands.
-    async fn admit(&self, creates: Creates) -> Result<(), ApiError> {
+    /// Refuses a request if what it asks (`asks`, its commands in order)
+    /// would grow the table past a quota, or it comes too fast from its
+    /// token (`crate::admission`). Checked against what this node applied:
+    /// on the leader, the table as it stands. A request that starts with a
+    /// grant the table already answered is a retry, and so is the rest of it.
+    async fn admit(&self, asks: &[Command]) -> Result<(), ApiError> {
         let admission = &self.context.admission;
-        if admission.quotas() == Quotas::default() {
+        if *admission.quotas() == Quotas::default() {
             return Ok(());
         }
-        let (token, usage) = self
+        let (token, role, growth, usage) = self
             .consensus
             .read_local(|t| {
+                let token = self.caller(t.auth()).ok().flatten();
                 let usage = Usage {
                     leases: t.lease_count(),
                     locks: t.held_count(),
                     waiters: t.waiter_count(),
+                    token_leases: token.map_or(0, |token| t.leases_of(token)),
                 };
-                (self.caller(t.auth()).ok().flatten(), usage)
+                let mut growth = Growth::default();
+                for (i, ask) in asks.iter().enumerate() {
+                    let more = t.growth(ask, token);
+                    if i == 0 && more.is_none() && matches!(ask, Command::Grant { .. }) {
+                        break;
+                    }
+                    growth.leases += more.leases;
+                    growth.keys += more.keys;
+                    growth.waits += more.waits;
+                }
+                let role = token.and_then(|token| t.auth().role_name(token).map(str::to_string));
+                (token, role, growth, usage)
             })
             .await;
         admission
-            .admit(token, creates, usage)
+            .admit(token, role.as_deref(), growth, usage)
             .map_err(|refused| ApiError::ResourceExhausted(refused.0))
     }
 
