@@ -48,9 +48,12 @@ proptest! {
             highest = (highest.0.max(lease), highest.1.max(fence));
         }
 
+        let backed_up_next = backup.next_fence();
         let (next_fence, next_lease) = backup.prepare_for_new_cluster(floor).expect("prepared");
         backup.check_invariants().expect("invariants after the restore");
         prop_assert!(next_fence >= floor && next_lease >= RESTORE_STRIDE);
+        // A whole stride of room for what the old cluster granted after.
+        prop_assert!(next_fence >= backed_up_next + RESTORE_STRIDE);
         prop_assert_eq!(backup.epoch(), 0);
         let (lease, fence) = grant_and_acquire(&mut backup, 1_500, 1 << 24, "new");
         prop_assert!(fence > highest.1 && fence >= RESTORE_STRIDE);
@@ -82,22 +85,41 @@ fn restored_leases_get_a_full_ttl_from_the_new_clusters_first_leader() {
 }
 
 #[test]
-fn each_restore_moves_the_sequences_one_stride_up() {
+fn each_restore_moves_the_sequences_at_least_a_stride_up() {
     let mut table = LockTable::new();
     grant_and_acquire(&mut table, 1_000, 1 << 24, "k");
     assert_eq!(
         table.prepare_for_new_cluster(0).expect("first"),
-        (RESTORE_STRIDE, RESTORE_STRIDE)
-    );
-    assert_eq!(
-        table.prepare_for_new_cluster(0).expect("second"),
         (2 * RESTORE_STRIDE, 2 * RESTORE_STRIDE)
     );
     assert_eq!(
+        table.prepare_for_new_cluster(0).expect("second"),
+        (4 * RESTORE_STRIDE, 4 * RESTORE_STRIDE)
+    );
+    assert_eq!(
         table
-            .prepare_for_new_cluster(5 * RESTORE_STRIDE + 7)
+            .prepare_for_new_cluster(7 * RESTORE_STRIDE + 7)
             .expect("floor")
             .0,
-        5 * RESTORE_STRIDE + 7
+        7 * RESTORE_STRIDE + 7
     );
+}
+
+#[test]
+fn a_floor_or_a_sequence_without_room_is_refused_and_changes_nothing() {
+    let mut table = LockTable::new();
+    grant_and_acquire(&mut table, 1_000, 1 << 24, "k");
+    let before = table.clone();
+    let err = table
+        .prepare_for_new_cluster(u64::MAX - 1)
+        .expect_err("no room above the floor");
+    assert!(err.to_string().contains("fence_floor"), "{err}");
+    assert_eq!(table, before);
+    // A floor just inside the room is taken.
+    let floor = u64::MAX - RESTORE_STRIDE;
+    assert_eq!(table.prepare_for_new_cluster(floor).expect("room").0, floor);
+    // Now the sequence itself has no stride of room left above it.
+    let before = table.clone();
+    assert!(table.prepare_for_new_cluster(0).is_err());
+    assert_eq!(table, before);
 }

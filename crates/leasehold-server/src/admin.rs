@@ -23,8 +23,8 @@ pub enum Admin {
     },
     /// Build the data dir of one member of a new cluster from a backup
     /// (`leasehold snapshot save`); run it for every member, from the same
-    /// file. Tokens and lease ids move up to the next multiple of 2^48, above
-    /// any the old cluster handed out after the backup (see
+    /// file. Tokens and lease ids move up by at least 2^48, above any the
+    /// old cluster handed out after the backup (see
     /// docs/operations.md, Backup and restore).
     Restore {
         /// The backup file.

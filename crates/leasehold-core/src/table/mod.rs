@@ -121,23 +121,32 @@ impl LockTable {
     }
 
     /// Makes this table (a backup's) the start of a new cluster, for a
-    /// restore: the fencing token and lease id sequences move up to the next
-    /// multiple of [`RESTORE_STRIDE`] (and the tokens to at least
+    /// restore: the fencing token and lease id sequences move up by at least
+    /// [`RESTORE_STRIDE`], to a multiple of it (and the tokens to at least
     /// `fence_floor`), above every token and lease id the old cluster could
     /// have handed out after the backup unless it handed out 2^48 of them;
     /// and the epoch goes back to 0, so the new cluster's first leader gives
     /// every restored lease a full TTL to renew in. Returns the next token
-    /// and lease id; fails, changing nothing, if a sequence would overflow.
+    /// and lease id; fails, changing nothing, if a sequence would leave less
+    /// than [`RESTORE_STRIDE`] of room below `u64::MAX`.
     pub fn prepare_for_new_cluster(
         &mut self,
         fence_floor: Fence,
     ) -> Result<(Fence, LeaseId), LockError> {
+        let room = u64::MAX - RESTORE_STRIDE;
         let next_stride = |n: u64| {
             (n / RESTORE_STRIDE)
-                .checked_add(1)
+                .checked_add(2)
                 .and_then(|k| k.checked_mul(RESTORE_STRIDE))
+                .filter(|&at| at <= room)
         };
         let exhausted = || LockError::invalid("backup", "its token sequence is exhausted");
+        if fence_floor > room {
+            return Err(LockError::invalid(
+                "fence_floor",
+                format!("is {fence_floor}; it must leave 2^48 tokens of room, so at most {room}"),
+            ));
+        }
         let fence = next_stride(self.state.next_fence)
             .ok_or_else(exhausted)?
             .max(fence_floor);
