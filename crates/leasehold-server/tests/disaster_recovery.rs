@@ -39,6 +39,7 @@ async fn a_survivor_becomes_a_one_node_cluster_that_serves_and_grows_again() {
         }
     }
 
+    let before = files_of(&survivor);
     let mut new = Cluster::start_prepared(1, |id, data, peers| {
         let advertise = peers.split_once('=').expect("ID=ADDR").1.to_string();
         let out = Command::new(workspace_bin("leaseholdd"))
@@ -56,6 +57,10 @@ async fn a_survivor_becomes_a_one_node_cluster_that_serves_and_grows_again() {
         );
     });
     let a = new.nodes[0].addr.clone();
+    assert!(
+        files_of(&survivor) == before,
+        "force-new-cluster changed the survivor's data dir"
+    );
 
     // Everything the survivor held is there, and the holder renews.
     let (status, first) = call("GET", &a, "/v1/locks/dr/0", None, None).await;
@@ -115,4 +120,22 @@ fn force_new_cluster_refuses_bad_input_and_creates_nothing() {
         "{said}"
     );
     assert!(!into.exists());
+}
+
+/// Every file under `dir`, with its bytes.
+fn files_of(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::PathBuf, Vec<u8>> {
+    let mut files = std::collections::BTreeMap::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(at) = dirs.pop() {
+        for item in std::fs::read_dir(&at).expect("read dir") {
+            let path = item.expect("dir entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let bytes = std::fs::read(&path).expect("read file");
+                files.insert(path, bytes);
+            }
+        }
+    }
+    files
 }

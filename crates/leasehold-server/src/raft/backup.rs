@@ -22,6 +22,7 @@ use openraft::storage::RaftLogStorage;
 use openraft::Membership;
 
 use super::format::{self, encode_table};
+use super::log_store::records::read_log;
 use super::log_store::LogStore;
 use super::snapshot_store::{file_head, FileSnapshots, SnapshotStore};
 use super::{Consensus, ConsensusError, Node, NodeId, SnapshotMeta, StoredMembership, Vote};
@@ -170,10 +171,13 @@ pub async fn force_new_cluster(
         Some((meta, table)) => (meta, table),
         None => (SnapshotMeta::default(), leasehold_core::LockTable::new()),
     };
-    let mut log = LogStore::open(survivor)
-        .with_context(|| format!("open the log in {}", survivor.display()))?;
+    // Read, not opened: an open may cut a torn tail or delete purged
+    // segments, and the survivor's dir stays as it was.
     let from = meta.last_log_id.as_ref().map_or(0, |l| l.index + 1);
-    let entries = openraft::storage::RaftLogReader::try_get_log_entries(&mut log, from..).await?;
+    let entries = read_log(survivor)
+        .with_context(|| format!("read the log in {}", survivor.display()))?
+        .split_off(&from)
+        .into_values();
     let mut last = meta.last_log_id;
     let mut events = Vec::new();
     for entry in entries {

@@ -154,10 +154,62 @@ pub(crate) fn replay_records(
     }
 }
 
+/// Every entry in the log of the data dir `dir`, read without opening the
+/// log for writing: nothing is cut, moved or deleted, so a data dir that
+/// must stay as it was (a survivor being recovered) can be read. The same
+/// rules as an open: a damaged record is an error naming its segment and
+/// byte, and a torn tail of the last segment ends the log.
+pub(crate) fn read_log(
+    dir: &std::path::Path,
+) -> io::Result<std::collections::BTreeMap<u64, Entry>> {
+    let log_dir = dir.join("log");
+    let mut numbers = Vec::new();
+    match std::fs::read_dir(&log_dir) {
+        Ok(list) => {
+            for item in list {
+                let name = item?.file_name();
+                let number = name
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".seg"))
+                    .and_then(|n| n.parse::<u64>().ok());
+                numbers.extend(number);
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    numbers.sort_unstable();
+    let mut entries = std::collections::BTreeMap::new();
+    for (i, number) in numbers.iter().enumerate() {
+        let name = segment_name(*number);
+        let bytes = std::fs::read(log_dir.join(&name))?;
+        let is_last = i + 1 == numbers.len();
+        replay_records(
+            &name,
+            &bytes,
+            is_last,
+            Tail::Strict,
+            |record| match record {
+                Record::Entry(entry) => {
+                    entries.insert(entry.log_id.index, entry);
+                }
+                Record::Truncate(since) => {
+                    entries.split_off(&since);
+                }
+                Record::Purge(log_id) => {
+                    entries = entries.split_off(&(log_id.index + 1));
+                }
+            },
+        )?;
+    }
+    Ok(entries)
+}
+
 /// What an operator does about a damaged log.
-const WHAT_TO_DO: &str = "the disk changed data the log had flushed; move this data dir aside \
-     and start the node empty to have the leader rebuild it (or restore a backup), and check \
-     the disk";
+const WHAT_TO_DO: &str = "the disk changed data the log had flushed; if the other members \
+     still form a majority, move this data dir aside and start the node empty to have the \
+     leader rebuild it, or else restore a backup or recover from a survivor \
+     (docs/operations.md), and check the disk";
 
 /// The payload of the record at the start of `rest`, if its length fits
 /// and its checksum matches.
