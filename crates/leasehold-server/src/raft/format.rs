@@ -98,10 +98,12 @@ fn parse_dir_format(text: &str) -> Result<DirFormat, String> {
                 )
             }
             Some(("written-by", v)) => written_by = Some(v.trim().to_string()),
-            _ => return Err(format!("`{line}` is not a line of a format file")),
+            // A key a later build of the same format added: not ours to read.
+            Some(_) => {}
+            None => return Err(format!("`{line}` is not a line of a format file")),
         }
     }
-    let format = format.ok_or("no `format N` line")?;
+    let format = format.ok_or_else(|| format!("no `format N` line in {:?}", text.trim()))?;
     Ok(DirFormat { format, written_by })
 }
 
@@ -151,17 +153,28 @@ pub fn encode_table(table: &LockTable) -> io::Result<Vec<u8>> {
 /// Decodes a table that [`encode_table`] wrote, or one that 0.1.0 wrote
 /// (bincode alone), checking the version and the checksum.
 pub fn decode_table(bytes: &[u8]) -> io::Result<LockTable> {
-    decode_table_from(bytes)
+    decode_table_from(bytes, bytes.len() as u64)
 }
 
 /// [`decode_table`] from a reader, without holding the bytes; the reader
-/// must end where the table does.
-pub fn decode_table_from(mut reader: impl Read) -> io::Result<LockTable> {
+/// must end where the table does, `len` bytes on. The table is decoded as
+/// it streams, before its checksum can be known: no length inside it may
+/// reach past `len`, so a damaged length is an error, never a huge
+/// allocation.
+pub fn decode_table_from(mut reader: impl Read, len: u64) -> io::Result<LockTable> {
+    use bincode::Options;
+    let bounded = || {
+        bincode::DefaultOptions::new()
+            .with_fixint_encoding()
+            .allow_trailing_bytes()
+            .with_limit(len)
+    };
     let mut head = [0u8; TABLE_HEADER];
     let got = read_up_to(&mut reader, &mut head)?;
     if got < 8 || head[..8] != TABLE_MAGIC {
         // Written by 0.1.0: bincode alone.
-        let table = bincode::deserialize_from(io::Cursor::new(&head[..got]).chain(reader))
+        let table = bounded()
+            .deserialize_from(io::Cursor::new(&head[..got]).chain(reader))
             .map_err(|e| io_err(format!("not a lock table: {e}")))?;
         return Ok(table);
     }
@@ -174,7 +187,7 @@ pub fn decode_table_from(mut reader: impl Read) -> io::Result<LockTable> {
         crc: crc32fast::Hasher::new(),
         read: 0,
     };
-    let decoded: Result<LockTable, _> = bincode::deserialize_from(&mut hashing);
+    let decoded: Result<LockTable, _> = bounded().deserialize_from(&mut hashing);
     // Whatever follows the table is checked too: it must be nothing.
     let mut rest = Vec::new();
     hashing.read_to_end(&mut rest)?;
@@ -341,6 +354,32 @@ mod tests {
         let err = decode_table(&encoded[..10]).unwrap_err().to_string();
         assert!(err.contains("cut short"), "{err}");
         assert!(decode_table(&encoded[..encoded.len() - 3]).is_err());
+    }
+
+    #[test]
+    fn a_format_file_with_a_key_added_later_still_reads() {
+        let read = parse_dir_format("format 1\nwritten-by 0.3.0\ncluster-id 7f3a\n").unwrap();
+        assert_eq!(read.format, 1);
+        assert!(parse_dir_format("format 1\ngarbage\n").is_err());
+        assert!(parse_dir_format("written-by 0.3.0\n").is_err());
+    }
+
+    #[test]
+    fn a_damaged_length_is_an_error_not_a_huge_allocation() {
+        // Every byte in turn made 0xff: where it is part of a length, the
+        // length reaches far past the end. Each decode must fail cleanly.
+        let encoded = encode_table(&table()).unwrap();
+        let legacy = bincode::serialize(&table()).unwrap();
+        for bytes in [&encoded, &legacy] {
+            for at in 0..bytes.len() {
+                let mut damaged = bytes.clone();
+                if damaged[at] == 0xff {
+                    continue;
+                }
+                damaged[at] = 0xff;
+                let _ = decode_table(&damaged);
+            }
+        }
     }
 
     #[test]

@@ -75,6 +75,7 @@ struct Opened {
     reader: io::BufReader<fs::File>,
     meta: Meta,
     table_at: u64,
+    table_len: u64,
 }
 
 impl FileSnapshots {
@@ -171,10 +172,12 @@ impl FileSnapshots {
         let meta = bincode::deserialize(&meta)
             .map_err(|e| corrupt(format!("not a snapshot (its meta: {e})")))?;
         let table_at = (header + meta_len) as u64;
+        let file_len = reader.get_ref().metadata()?.len();
         Ok(Some(Opened {
             reader,
             meta,
             table_at,
+            table_len: file_len.saturating_sub(table_at),
         }))
     }
 }
@@ -217,7 +220,7 @@ impl SnapshotStore for FileSnapshots {
         let Some(opened) = self.open()? else {
             return Ok(None);
         };
-        let table = format::decode_table_from(opened.reader).map_err(|e| {
+        let table = format::decode_table_from(opened.reader, opened.table_len).map_err(|e| {
             io_err(format!(
                 "{}: the lock table at byte {}: {e}",
                 self.path.display(),
