@@ -11,9 +11,11 @@
 //! the metric `leasehold_table_hash_mismatch` at 1. The members that differ
 //! from the leader are rebuilt as a damaged member is (operations.md).
 //!
-//! Hashing a table costs about what encoding a snapshot does, and is done
-//! as the entry is applied; at the default of every 100,000 entries that
-//! is a small share of the snapshots' own cost.
+//! Hashing a table costs about what encoding a snapshot does. It is done
+//! once the due entry is applied, before the next one: under the read lock
+//! (reads go on) and off the runtime thread, as snapshots are. At the
+//! default of every 100,000 entries that is a small share of the
+//! snapshots' own cost.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -206,9 +206,6 @@ impl Shared {
                 if let Some(tap) = tap {
                     tap(entry.log_id.index, &seen);
                 }
-                if self.marks.due(entry.log_id.index) {
-                    self.marks.record(entry.log_id.index, &applied.table);
-                }
                 outcomes.push(answers);
             }
             if let Some(last) = &applied.last_applied {
@@ -347,8 +344,40 @@ impl StateMachine {
     }
 
     /// Applies `entries` in order: the answers to their commands, an entry's
-    /// list empty for one without commands.
-    async fn apply_all(&mut self, entries: Vec<Entry>) -> io::Result<Vec<Vec<Outcome>>> {
+    /// list empty for one without commands. After an entry whose index is
+    /// due a hash check (`hash_check`), the table is hashed as it stands
+    /// then: under the read lock, so reads go on meanwhile, and off the
+    /// runtime thread where snapshots are, since it costs about what
+    /// encoding a snapshot does. Nothing applies until it is done.
+    async fn apply_all(&mut self, mut entries: Vec<Entry>) -> io::Result<Vec<Vec<Outcome>>> {
+        let mut outcomes = Vec::with_capacity(entries.len());
+        loop {
+            let marks = &self.shared.marks;
+            let due = entries.iter().position(|e| marks.due(e.log_id.index));
+            let rest = match due {
+                Some(at) => entries.split_off(at + 1),
+                None => Vec::new(),
+            };
+            let marked = due.and_then(|_| entries.last()).map(|e| e.log_id.index);
+            outcomes.extend(self.apply_batch(entries).await?);
+            if let Some(index) = marked {
+                let shared = self.shared.clone();
+                off_the_runtime(self.shared.blocks(), move || {
+                    let applied = shared.read();
+                    shared.marks.record(index, &applied.table);
+                })
+                .await?;
+            }
+            if rest.is_empty() {
+                return Ok(outcomes);
+            }
+            entries = rest;
+        }
+    }
+
+    /// [`Self::apply_all`] for entries none of which but the last is due a
+    /// hash check.
+    async fn apply_batch(&mut self, entries: Vec<Entry>) -> io::Result<Vec<Vec<Outcome>>> {
         let work = if self.shared.blocks() {
             self.shared.work(&entries)
         } else {
