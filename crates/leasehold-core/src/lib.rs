@@ -39,8 +39,8 @@ mod table;
 pub use command::{Checkpoint, Command, Event, Grant, Mode, Response, Stamp, WaitEnd};
 pub use error::LockError;
 pub use table::{
-    Growth, HolderView, LeaseView, LockTable, LockView, Outcome, WaiterView, DEDUPE_CAPACITY,
-    DEDUPE_WINDOW_MS, REATTACH_MS, RESTORE_STRIDE,
+    Growth, HolderView, LeaseView, LockTable, LockView, Outcome, Owned, WaiterView,
+    DEDUPE_CAPACITY, DEDUPE_WINDOW_MS, REATTACH_MS, RESTORE_STRIDE,
 };
 
 /// Milliseconds on the leader's clock.

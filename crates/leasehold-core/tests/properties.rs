@@ -396,8 +396,16 @@ impl Checker {
             growth
         );
         if let Some(owner) = growth.owner {
+            // A wait that becomes a hold moves from one count to the other.
+            let (after, before) = (self.table.owned_by(owner), time_only.owned_by(owner));
             prop_assert!(
-                grew(self.table.leases_of(owner), time_only.leases_of(owner)) <= growth.leases
+                grew(after.leases, before.leases) <= growth.leases
+                    && grew(after.keys + after.waits, before.keys + before.waits)
+                        <= growth.keys + growth.waits,
+                "{:?} grew {:?} past {:?}",
+                command,
+                (before, after),
+                growth
             );
         }
 

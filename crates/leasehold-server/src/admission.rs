@@ -8,26 +8,30 @@
 //! `resource_exhausted` (HTTP 429), naming the limit and the current use.
 //!
 //! The limits on the table's size (`--max-leases`, `--max-locks`,
-//! `--max-waiters`) and on a token's leases (`--max-leases-per-token`) are
-//! checked on the leader against what it has applied, before the command
-//! is proposed: requests in flight at that moment may pass a limit by one
-//! batch at most. What a request would add is the table's own answer
-//! (`LockTable::growth`): a retry of a request it already answered, or an
-//! acquire of a key its lease already holds or waits for (a caller
-//! re-attaching after a leader change), adds nothing and is never refused
-//! by a size limit. The rate limit (`--rate-limit`) is a token bucket per
-//! access token, refilled at that many requests a second with a burst of as
-//! many. `--role-quota` sets a role's own limits per token, in place of the
-//! two per-token flags, for every token of that role. With auth off there
-//! is no caller to tell apart, and only the limits on the whole table
-//! apply.
+//! `--max-waiters`) and on what one token owns (`--max-leases-per-token`,
+//! `--max-locks-per-token`, `--max-waiters-per-token`) are checked on the
+//! leader against what it has applied, before the command is proposed:
+//! requests in flight at that moment may pass a limit by one batch at most.
+//! What a request would add is the table's own answer (`LockTable::growth`):
+//! a retry of a request it already answered, or an acquire of a key its
+//! lease already holds or waits for (a caller re-attaching after a leader
+//! change), adds nothing and is never refused by a size limit. The rate
+//! limit (`--rate-limit`) is a token bucket per access token, refilled at
+//! that many requests a second with a burst of as many; a refusal for it is
+//! held back until the bucket has room again (between 200 ms and 1 s), so a
+//! client flooding the node gets its refusals slowly and the node's time
+//! goes to everyone else's renewals. `--role-quota` sets a role's own limits
+//! per token, in place of the four per-token flags, for every token of that
+//! role. With auth off there is no caller to tell apart, and only the limits
+//! on the whole table apply.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use leasehold_core::auth::TokenId;
-use leasehold_core::Growth;
+use leasehold_core::{Growth, Owned};
 use parking_lot::Mutex;
+use tokio::sync::Semaphore;
 
 /// The limits; `None` is no limit.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -38,34 +42,36 @@ pub struct Quotas {
     pub max_locks: Option<usize>,
     /// Acquires waiting in queues, in all.
     pub max_waiters: Option<usize>,
-    /// Live leases, per access token.
-    pub max_leases_per_token: Option<usize>,
-    /// Creating requests a second, per access token.
-    pub rate_per_token: Option<u32>,
-    /// The per-token limits of a role's tokens, in place of the two above.
-    pub per_role: BTreeMap<String, RoleQuota>,
+    /// The limits on each access token (`--max-leases-per-token`,
+    /// `--max-locks-per-token`, `--max-waiters-per-token`, `--rate-limit`).
+    pub per_token: TokenQuota,
+    /// A role's own limits on each of its tokens, in place of `per_token`.
+    pub per_role: BTreeMap<String, TokenQuota>,
 }
 
-/// The limits on each token of one role (`--role-quota`); `None` is no
-/// limit.
+/// The limits on one access token; `None` is no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RoleQuota {
-    /// Live leases, per token.
+pub struct TokenQuota {
+    /// Live leases it owns.
     pub leases: Option<usize>,
-    /// Creating requests a second, per token.
+    /// Keys its leases hold.
+    pub locks: Option<usize>,
+    /// Waits of its leases in queues.
+    pub waiters: Option<usize>,
+    /// Creating requests a second.
     pub rate: Option<u32>,
 }
 
-impl RoleQuota {
-    /// Parses `ROLE=leases:N,rate:M` (either or both); a limit of 0 is
-    /// refused.
-    pub fn parse(text: &str) -> Result<(String, RoleQuota), String> {
-        let usage = "give ROLE=leases:N,rate:M (either or both, each at least 1)";
+impl TokenQuota {
+    /// Parses `--role-quota`'s `ROLE=leases:N,locks:N,waiters:N,rate:M`
+    /// (any of them); a limit of 0 is refused.
+    pub fn parse(text: &str) -> Result<(String, TokenQuota), String> {
+        let usage = "give ROLE=leases:N,locks:N,waiters:N,rate:M (any of them, each at least 1)";
         let (role, limits) = text
             .split_once('=')
             .filter(|(role, _)| !role.is_empty())
             .ok_or_else(|| format!("`{text}`: {usage}"))?;
-        let mut quota = RoleQuota::default();
+        let mut quota = TokenQuota::default();
         for limit in limits.split(',') {
             let (name, n) = limit
                 .split_once(':')
@@ -78,6 +84,8 @@ impl RoleQuota {
                 .ok_or_else(|| format!("`{limit}` in `{text}`: {usage}"))?;
             match name.trim() {
                 "leases" => quota.leases = Some(n as usize),
+                "locks" => quota.locks = Some(n as usize),
+                "waiters" => quota.waiters = Some(n as usize),
                 "rate" => quota.rate = Some(n),
                 _ => return Err(format!("`{name}` in `{text}` is not a limit: {usage}")),
             }
@@ -87,7 +95,7 @@ impl RoleQuota {
 }
 
 /// The table's size now: leases, keys held, waits.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
     /// Live leases.
     pub leases: usize,
@@ -95,20 +103,49 @@ pub struct Usage {
     pub locks: usize,
     /// Waits queued.
     pub waiters: usize,
-    /// Live leases of the caller's token (0 without one).
-    pub token_leases: usize,
+    /// What the caller's token owns (nothing without one).
+    pub token: Owned,
 }
 
 /// Why a request was refused: one line naming the limit and the use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused(pub String);
+pub struct Refused {
+    /// The line.
+    pub message: String,
+    /// For a token past its rate: when its bucket has room again.
+    pub retry_after: Option<Duration>,
+}
+
+impl Refused {
+    fn full(message: String) -> Refused {
+        Refused {
+            message,
+            retry_after: None,
+        }
+    }
+}
 
 /// The quotas of one node, and each token's bucket.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Admission {
     quotas: Quotas,
     buckets: Mutex<HashMap<TokenId, Bucket>>,
+    held_back: Semaphore,
 }
+
+impl Default for Admission {
+    fn default() -> Admission {
+        Admission::new(Quotas::default())
+    }
+}
+
+/// How long a refusal for a token past its rate is held back, at least and
+/// at most (see [`Admission::hold_back`]).
+pub const HOLD_BACK: (Duration, Duration) = (Duration::from_millis(200), Duration::from_secs(1));
+
+/// How many refusals are held back at once at most; past it, they go out
+/// at once.
+const MAX_HELD_BACK: usize = 10_000;
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -125,6 +162,22 @@ impl Admission {
         Admission {
             quotas,
             buckets: Mutex::default(),
+            held_back: Semaphore::new(MAX_HELD_BACK),
+        }
+    }
+
+    /// Holds back a refusal for a token past its rate until its bucket has
+    /// room again (within [`HOLD_BACK`]), then returns it. A client that
+    /// sends as fast as it can then gets its refusals a few a second per
+    /// connection, not as fast as the node can write them, and leaves the
+    /// node's time to others' renewals. A refusal of any other kind goes
+    /// out at once, and so does this one when too many are held already.
+    pub async fn hold_back(&self, refused: &Refused) {
+        let Some(wait) = refused.retry_after else {
+            return;
+        };
+        if let Ok(_held) = self.held_back.try_acquire() {
+            tokio::time::sleep(wait.clamp(HOLD_BACK.0, HOLD_BACK.1)).await;
         }
     }
 
@@ -143,70 +196,104 @@ impl Admission {
         usage: Usage,
     ) -> Result<(), Refused> {
         let q = &self.quotas;
-        let (per_token_leases, rate, flags) =
-            match role.and_then(|role| Some((role, q.per_role.get(role)?))) {
-                Some((role, quota)) => (quota.leases, quota.rate, format!("--role-quota {role}")),
-                None => (q.max_leases_per_token, q.rate_per_token, String::new()),
-            };
-        let flag = |own: &str| {
-            if flags.is_empty() {
-                own.to_string()
-            } else {
-                flags.clone()
-            }
+        let (mine, role_flag) = match role.and_then(|role| Some((role, q.per_role.get(role)?))) {
+            Some((role, quota)) => (*quota, Some(format!("--role-quota {role}"))),
+            None => (q.per_token, None),
         };
+        let flag = |own: &str| role_flag.clone().unwrap_or_else(|| own.to_string());
         let over = |limit: Option<usize>, now: usize, adds: usize| {
             limit.is_some_and(|l| adds > 0 && now + adds > l)
         };
+        let node = |limit: Option<usize>, what: &str, flag: &str, now: String, next: &str| {
+            Refused::full(format!(
+                "the node is at its limit of {} {what} ({flag}; {now}): {next}",
+                limit.unwrap_or(0)
+            ))
+        };
         if over(q.max_leases, usage.leases, growth.leases) {
-            return Err(Refused(format!(
-                "the node is at its limit of {} leases (--max-leases; {} live): revoke leases \
-                 or raise the limit",
-                q.max_leases.unwrap_or(0),
-                usage.leases
-            )));
+            return Err(node(
+                q.max_leases,
+                "leases",
+                "--max-leases",
+                format!("{} live", usage.leases),
+                "revoke leases or raise the limit",
+            ));
         }
         if over(q.max_locks, usage.locks, growth.keys) {
-            return Err(Refused(format!(
-                "the node is at its limit of {} held keys (--max-locks; {} held): release locks \
-                 or raise the limit",
-                q.max_locks.unwrap_or(0),
-                usage.locks
-            )));
+            return Err(node(
+                q.max_locks,
+                "held keys",
+                "--max-locks",
+                format!("{} held", usage.locks),
+                "release locks or raise the limit",
+            ));
         }
         if over(q.max_waiters, usage.waiters, growth.waits) {
-            return Err(Refused(format!(
-                "the node is at its limit of {} queued acquires (--max-waiters; {} waiting): \
-                 retry without waiting, or later",
-                q.max_waiters.unwrap_or(0),
-                usage.waiters
-            )));
+            return Err(node(
+                q.max_waiters,
+                "queued acquires",
+                "--max-waiters",
+                format!("{} waiting", usage.waiters),
+                "retry without waiting, or later",
+            ));
         }
-        if let Some(token) = token {
-            if over(per_token_leases, usage.token_leases, growth.leases) {
-                return Err(Refused(format!(
-                    "token {token} is at its limit of {} leases ({}; {} live): revoke its \
-                     leases or raise the limit",
-                    per_token_leases.unwrap_or(0),
-                    flag("--max-leases-per-token"),
-                    usage.token_leases
-                )));
-            }
-        }
-        match (rate, token) {
-            (Some(rate), Some(token)) => self.take(token, rate, Instant::now()).map_err(|()| {
-                Refused(format!(
-                    "token {token} made more than {rate} creating requests a second ({}): \
+        let Some(token) = token else {
+            return Ok(());
+        };
+        // The rate first: a token at a size limit that keeps asking is
+        // slowed like any other.
+        if let Some(rate) = mine.rate {
+            self.take(token, rate, Instant::now())
+                .map_err(|retry_after| Refused {
+                    message: format!(
+                        "token {token} made more than {rate} creating requests a second ({}): \
                          slow down; keepalives, releases and revokes are not limited",
-                    flag("--rate-limit")
-                ))
-            }),
-            _ => Ok(()),
+                        flag("--rate-limit")
+                    ),
+                    retry_after: Some(retry_after),
+                })?;
         }
+        let own = |limit: Option<usize>, what: &str, own_flag: &str, now: String, next: &str| {
+            Refused::full(format!(
+                "token {token} is at its limit of {} {what} ({}; {now}): {next}",
+                limit.unwrap_or(0),
+                flag(own_flag)
+            ))
+        };
+        let has = usage.token;
+        if over(mine.leases, has.leases, growth.leases) {
+            return Err(own(
+                mine.leases,
+                "leases",
+                "--max-leases-per-token",
+                format!("{} live", has.leases),
+                "revoke its leases or raise the limit",
+            ));
+        }
+        if over(mine.locks, has.keys, growth.keys) {
+            return Err(own(
+                mine.locks,
+                "held keys",
+                "--max-locks-per-token",
+                format!("{} held", has.keys),
+                "release its locks or raise the limit",
+            ));
+        }
+        if over(mine.waiters, has.waits, growth.waits) {
+            return Err(own(
+                mine.waiters,
+                "queued acquires",
+                "--max-waiters-per-token",
+                format!("{} waiting", has.waits),
+                "retry without waiting, or later",
+            ));
+        }
+        Ok(())
     }
 
-    /// Takes one from `token`'s bucket, refilled at `rate` a second.
-    fn take(&self, token: TokenId, rate: u32, now: Instant) -> Result<(), ()> {
+    /// Takes one from `token`'s bucket, refilled at `rate` a second; if it
+    /// is empty, says how long until it has one again.
+    fn take(&self, token: TokenId, rate: u32, now: Instant) -> Result<(), Duration> {
         let rate = f64::from(rate);
         let mut buckets = self.buckets.lock();
         if buckets.len() > 10_000 {
@@ -220,7 +307,7 @@ impl Admission {
         bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
         bucket.at = now;
         if bucket.tokens < 1.0 {
-            return Err(());
+            return Err(Duration::from_secs_f64((1.0 - bucket.tokens) / rate));
         }
         bucket.tokens -= 1.0;
         Ok(())
@@ -230,16 +317,45 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn usage(leases: usize, locks: usize, waiters: usize) -> Usage {
         Usage {
             leases,
             locks,
             waiters,
-            token_leases: leases,
+            token: Owned::default(),
         }
     }
+
+    fn owning(leases: usize, keys: usize, waits: usize) -> Usage {
+        Usage {
+            token: Owned {
+                leases,
+                keys,
+                waits,
+            },
+            ..Usage::default()
+        }
+    }
+
+    const LEASE: Growth = Growth {
+        leases: 1,
+        keys: 0,
+        waits: 0,
+        owner: None,
+    };
+    const KEY: Growth = Growth {
+        leases: 0,
+        keys: 1,
+        waits: 0,
+        owner: None,
+    };
+    const WAIT: Growth = Growth {
+        leases: 0,
+        keys: 1,
+        waits: 1,
+        owner: None,
+    };
 
     #[test]
     fn each_limit_refuses_only_what_would_pass_it_and_names_itself() {
@@ -247,20 +363,15 @@ mod tests {
             max_leases: Some(2),
             max_locks: Some(3),
             max_waiters: Some(1),
-            max_leases_per_token: None,
-            rate_per_token: None,
-            per_role: BTreeMap::new(),
+            ..Quotas::default()
         });
-        let lease = Growth {
-            leases: 1,
-            ..Growth::default()
-        };
-        assert!(a.admit(None, None, lease, usage(1, 0, 0)).is_ok());
-        let refused = a.admit(None, None, lease, usage(2, 0, 0)).unwrap_err();
+        assert!(a.admit(None, None, LEASE, usage(1, 0, 0)).is_ok());
+        let refused = a.admit(None, None, LEASE, usage(2, 0, 0)).unwrap_err();
         assert!(
-            refused.0.contains("--max-leases") && refused.0.contains("2 live"),
+            refused.message.contains("--max-leases") && refused.message.contains("2 live"),
             "{refused:?}"
         );
+        assert_eq!(refused.retry_after, None);
         // Nothing new: never refused, however full.
         assert!(a
             .admit(None, None, Growth::default(), usage(9, 9, 9))
@@ -273,88 +384,96 @@ mod tests {
         assert!(a
             .admit(None, None, set, usage(0, 2, 0))
             .unwrap_err()
-            .0
+            .message
             .contains("--max-locks"));
-        let wait = Growth {
-            waits: 1,
-            ..Growth::default()
-        };
         assert!(a
-            .admit(None, None, wait, usage(0, 0, 1))
+            .admit(None, None, WAIT, usage(0, 0, 1))
             .unwrap_err()
-            .0
+            .message
             .contains("--max-waiters"));
     }
 
     #[test]
-    fn a_token_at_its_lease_limit_is_refused_and_others_are_not() {
+    fn a_token_at_one_of_its_limits_is_refused_and_others_are_not() {
         let a = Admission::new(Quotas {
-            max_leases_per_token: Some(2),
+            per_token: TokenQuota {
+                leases: Some(2),
+                locks: Some(3),
+                waiters: Some(1),
+                rate: None,
+            },
             ..Quotas::default()
         });
-        let lease = Growth {
-            leases: 1,
-            ..Growth::default()
-        };
-        let at = |token_leases| Usage {
-            leases: 100,
-            locks: 0,
-            waiters: 0,
-            token_leases,
-        };
-        assert!(a.admit(Some(1), None, lease, at(1)).is_ok());
-        let refused = a.admit(Some(1), None, lease, at(2)).unwrap_err();
+        assert!(a.admit(Some(1), None, LEASE, owning(1, 0, 0)).is_ok());
+        let refused = a.admit(Some(1), None, LEASE, owning(2, 0, 0)).unwrap_err();
         assert!(
-            refused.0.contains("--max-leases-per-token") && refused.0.contains("2 live"),
+            refused.message.contains("--max-leases-per-token")
+                && refused.message.contains("2 live"),
             "{refused:?}"
         );
-        // An acquire on a lease it has creates no lease: never refused here.
-        let hold = Growth {
-            keys: 1,
-            ..Growth::default()
-        };
-        assert!(a.admit(Some(1), None, hold, at(2)).is_ok());
+        // An acquire on a lease it has creates no lease.
+        assert!(a.admit(Some(1), None, KEY, owning(2, 2, 0)).is_ok());
+        let refused = a.admit(Some(1), None, KEY, owning(2, 3, 0)).unwrap_err();
+        assert!(
+            refused.message.contains("--max-locks-per-token") && refused.message.contains("3 held"),
+            "{refused:?}"
+        );
+        let refused = a.admit(Some(1), None, WAIT, owning(0, 0, 1)).unwrap_err();
+        assert!(
+            refused.message.contains("--max-waiters-per-token"),
+            "{refused:?}"
+        );
+        // Without a token (auth off) only the node's limits apply.
+        assert!(a.admit(None, None, LEASE, owning(9, 9, 9)).is_ok());
     }
 
     #[test]
     fn a_roles_quota_takes_the_place_of_the_per_token_flags() {
-        let (role, quota) = RoleQuota::parse("batch=leases:1,rate:2").unwrap();
+        let (role, quota) = TokenQuota::parse("batch=leases:1,locks:5,rate:2").unwrap();
         let a = Admission::new(Quotas {
-            max_leases_per_token: Some(100),
+            per_token: TokenQuota {
+                leases: Some(100),
+                ..TokenQuota::default()
+            },
             per_role: BTreeMap::from([(role, quota)]),
             ..Quotas::default()
         });
-        let lease = Growth {
-            leases: 1,
-            ..Growth::default()
-        };
-        let at = |token_leases| Usage {
-            leases: 0,
-            locks: 0,
-            waiters: 0,
-            token_leases,
-        };
-        let refused = a.admit(Some(1), Some("batch"), lease, at(1)).unwrap_err();
-        assert!(refused.0.contains("--role-quota batch"), "{refused:?}");
+        let refused = a
+            .admit(Some(1), Some("batch"), LEASE, owning(1, 0, 0))
+            .unwrap_err();
+        assert!(
+            refused.message.contains("--role-quota batch"),
+            "{refused:?}"
+        );
         // Another role's tokens keep the flag's limit.
-        assert!(a.admit(Some(2), Some("web"), lease, at(50)).is_ok());
-        // The role's rate: a burst of 2, then refused.
+        assert!(a
+            .admit(Some(2), Some("web"), LEASE, owning(50, 0, 0))
+            .is_ok());
+        // The role's rate: a burst of 2 (the refused grant took one of
+        // them), then refused, saying when to come back.
         let keep = Growth::default();
-        assert!(a.admit(Some(1), Some("batch"), keep, at(0)).is_ok());
-        assert!(a.admit(Some(1), Some("batch"), keep, at(0)).is_ok());
-        let refused = a.admit(Some(1), Some("batch"), keep, at(0)).unwrap_err();
-        assert!(refused.0.contains("more than 2"), "{refused:?}");
+        assert!(a
+            .admit(Some(1), Some("batch"), keep, owning(0, 0, 0))
+            .is_ok());
+        let refused = a
+            .admit(Some(1), Some("batch"), keep, owning(0, 0, 0))
+            .unwrap_err();
+        assert!(refused.message.contains("more than 2"), "{refused:?}");
+        assert!(refused
+            .retry_after
+            .is_some_and(|d| d > Duration::ZERO && d <= Duration::from_millis(500)));
     }
 
     #[test]
     fn a_role_quota_is_parsed_or_refused_with_its_form() {
         assert_eq!(
-            RoleQuota::parse("web=rate:50").unwrap(),
+            TokenQuota::parse("web=rate:50,waiters:3").unwrap(),
             (
                 "web".to_string(),
-                RoleQuota {
-                    leases: None,
-                    rate: Some(50)
+                TokenQuota {
+                    rate: Some(50),
+                    waiters: Some(3),
+                    ..TokenQuota::default()
                 }
             )
         );
@@ -366,22 +485,23 @@ mod tests {
             "web=size:5",
             "web=rate:x",
         ] {
-            let err = RoleQuota::parse(bad).unwrap_err();
-            assert!(err.contains("ROLE=leases:N,rate:M"), "{bad}: {err}");
+            let err = TokenQuota::parse(bad).unwrap_err();
+            assert!(
+                err.contains("ROLE=leases:N,locks:N,waiters:N,rate:M"),
+                "{bad}: {err}"
+            );
         }
     }
 
     #[test]
     fn the_rate_limit_is_a_bucket_per_token() {
-        let a = Admission::new(Quotas {
-            rate_per_token: Some(10),
-            ..Quotas::default()
-        });
+        let a = Admission::default();
         let start = Instant::now();
         for _ in 0..10 {
             a.take(1, 10, start).expect("within the burst");
         }
-        assert!(a.take(1, 10, start).is_err(), "past the burst");
+        let wait = a.take(1, 10, start).expect_err("past the burst");
+        assert!(wait <= Duration::from_millis(100), "{wait:?}");
         a.take(2, 10, start)
             .expect("another token has its own bucket");
         a.take(1, 10, start + Duration::from_millis(150))

@@ -11,7 +11,7 @@ use std::time::Duration;
 mod admin;
 
 use admin::{run_admin, Admin};
-use leasehold_server::admission::{Quotas, RoleQuota};
+use leasehold_server::admission::{Quotas, TokenQuota};
 use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::RaftOptions;
@@ -110,16 +110,25 @@ struct Args {
     /// past it is refused for that token alone.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_leases_per_token: Option<u64>,
+    /// Keys held at most by the leases of one access token (once auth is
+    /// on); an acquire past it is refused for that token alone.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_locks_per_token: Option<u64>,
+    /// Acquires waiting in queues at most per access token (once auth is
+    /// on); a wait past it is refused for that token alone.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_waiters_per_token: Option<u64>,
     /// Requests that create (grants, acquires, checkpoints) a second per
     /// access token, with a burst of as many; keepalives, releases and
     /// revokes are never limited. Applies once auth is on.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     rate_limit: Option<u32>,
-    /// A role's own limits on each of its tokens, `ROLE=leases:N,rate:M`
-    /// (either or both), in place of --max-leases-per-token and
-    /// --rate-limit for that role's tokens. Repeat it for more roles.
-    #[arg(long, value_parser = RoleQuota::parse)]
-    role_quota: Vec<(String, RoleQuota)>,
+    /// A role's own limits on each of its tokens,
+    /// `ROLE=leases:N,locks:N,waiters:N,rate:M` (any of them), in place of
+    /// the four per-token flags for that role's tokens. Repeat it for more
+    /// roles.
+    #[arg(long, value_parser = TokenQuota::parse)]
+    role_quota: Vec<(String, TokenQuota)>,
     /// The certificate (PEM, chain) clients see; with it the port speaks
     /// TLS only (gRPC, HTTP and the framed protocol alike).
     #[arg(long, env = "LEASEHOLD_TLS_CERT", requires = "tls_key")]
@@ -252,6 +261,8 @@ fn effective_config(args: &Args) -> String {
         ("max-locks", args.max_locks),
         ("max-waiters", args.max_waiters),
         ("max-leases-per-token", args.max_leases_per_token),
+        ("max-locks-per-token", args.max_locks_per_token),
+        ("max-waiters-per-token", args.max_waiters_per_token),
         ("rate-limit", args.rate_limit.map(u64::from)),
     ];
     for (name, value) in limits {
@@ -266,6 +277,8 @@ fn effective_config(args: &Args) -> String {
             .map(|(role, quota)| {
                 let mut limits = Vec::new();
                 limits.extend(quota.leases.map(|n| format!("leases:{n}")));
+                limits.extend(quota.locks.map(|n| format!("locks:{n}")));
+                limits.extend(quota.waiters.map(|n| format!("waiters:{n}")));
                 limits.extend(quota.rate.map(|n| format!("rate:{n}")));
                 q(format!("{role}={}", limits.join(",")))
             })
@@ -477,23 +490,24 @@ fn settings(args: Args, fd_limit: Option<u64>) -> anyhow::Result<(SocketAddr, (C
         tls: tls.clone(),
         require_auth: args.require_auth,
         quotas: Quotas {
-            max_leases: args
-                .max_leases
-                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-            max_locks: args
-                .max_locks
-                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-            max_waiters: args
-                .max_waiters
-                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-            max_leases_per_token: args
-                .max_leases_per_token
-                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
-            rate_per_token: args.rate_limit,
+            max_leases: args.max_leases.map(size),
+            max_locks: args.max_locks.map(size),
+            max_waiters: args.max_waiters.map(size),
+            per_token: TokenQuota {
+                leases: args.max_leases_per_token.map(size),
+                locks: args.max_locks_per_token.map(size),
+                waiters: args.max_waiters_per_token.map(size),
+                rate: args.rate_limit,
+            },
             per_role: args.role_quota.iter().cloned().collect(),
         },
     };
     Ok((args.listen, (config, args.threads)))
+}
+
+/// A size limit from its flag (a u64 past `usize` is no limit at all).
+fn size(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 async fn serve(listen: SocketAddr, config: Config) -> anyhow::Result<()> {

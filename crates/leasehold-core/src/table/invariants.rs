@@ -164,14 +164,16 @@ impl LockTable {
         }
         let mut owned = std::collections::BTreeMap::new();
         for lease in self.state.leases.values() {
-            if let Some(owner) = lease.owner {
-                *owned.entry(owner).or_insert(0_usize) += 1;
-            }
+            super::Owned::count(&mut owned, lease.owner, |o| {
+                o.leases += 1;
+                o.keys += lease.held.len();
+                o.waits += lease.waiting.len();
+            });
         }
-        if self.owned_leases != owned {
+        if self.owned != owned {
             return Err(format!(
-                "leases counted per token {:?}, owned {owned:?}",
-                self.owned_leases
+                "counted per token {:?}, owned {owned:?}",
+                self.owned
             ));
         }
         Ok(())

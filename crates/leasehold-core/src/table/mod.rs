@@ -47,7 +47,7 @@ use crate::{Fence, LeaseId, LockError, Time};
 
 use state::TableState;
 
-pub use view::{Growth, HolderView, LeaseView, LockView, WaiterView};
+pub use view::{Growth, HolderView, LeaseView, LockView, Owned, WaiterView};
 
 /// How long (table time) the answer to a request id is kept for retries.
 pub const DEDUPE_WINDOW_MS: Time = 60_000;
@@ -82,9 +82,10 @@ pub struct LockTable {
     /// that reading it costs nothing at a million locks (`/metrics` reads it
     /// on every scrape). Not in the snapshot: counted again on load.
     held_keys: usize,
-    /// How many live leases each token owns, kept like `held_keys` (a
-    /// quota per token reads it on every grant). Not in the snapshot.
-    owned_leases: BTreeMap<TokenId, usize>,
+    /// What each token owns (its live leases, and the keys they hold and
+    /// wait for), kept like `held_keys`: a quota per token reads it on
+    /// every grant and acquire. Not in the snapshot: counted again on load.
+    owned: BTreeMap<TokenId, Owned>,
 }
 
 /// How far a restore moves the token and lease id sequences: to the first

@@ -81,7 +81,7 @@ use crate::{Fence, LeaseId, RequestId, Time};
 
 use super::answers::{Asked, Caller};
 use super::lock::{Ask, Holding, Lease, Lock, Set, WaitGrant, Waiter};
-use super::{LockTable, Outcome};
+use super::{LockTable, Outcome, Owned};
 
 impl LockTable {
     // ---- time ----
@@ -111,9 +111,7 @@ impl LockTable {
         self.state.next_lease += 1;
         let deadline = self.state.now.saturating_add(ttl_ms);
         let lease = Lease::new(holder, ttl_ms, deadline, owner);
-        if let Some(owner) = owner {
-            *self.owned_leases.entry(owner).or_default() += 1;
-        }
+        Owned::count(&mut self.owned, owner, |o| o.leases += 1);
         self.state.leases.insert(id, lease);
         self.state.deadlines.add_lease(deadline, id);
         id
@@ -235,14 +233,11 @@ impl LockTable {
         let Some(lease) = self.state.leases.remove(&id) else {
             return Vec::new();
         };
-        if let Some(owner) = lease.owner {
-            if let Some(n) = self.owned_leases.get_mut(&owner) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.owned_leases.remove(&owner);
-                }
-            }
-        }
+        Owned::count(&mut self.owned, lease.owner, |o| {
+            o.leases = o.leases.saturating_sub(1);
+            o.keys = o.keys.saturating_sub(lease.held.len());
+            o.waits = o.waits.saturating_sub(lease.waiting.len());
+        });
         self.state.deadlines.remove_lease(lease.deadline, id);
         for key in &lease.waiting {
             self.withdraw(key, id, WaitEnd::LeaseGone, false, events);
@@ -442,7 +437,9 @@ impl LockTable {
                     .deadlines
                     .add_wait(deadline, key.clone(), lease_id);
                 if let Some(lease) = self.state.leases.get_mut(&lease_id) {
-                    lease.waiting.insert(key);
+                    if lease.waiting.insert(key) {
+                        Owned::count(&mut self.owned, lease.owner, |o| o.waits += 1);
+                    }
                 }
                 return Ok(Response::Queued {
                     lease: lease_id,
@@ -492,7 +489,9 @@ impl LockTable {
         let checkpoint = lock.checkpoint().cloned();
         let holder = match self.state.leases.get_mut(&lease_id) {
             Some(lease) => {
-                lease.held.insert(key.clone());
+                if lease.held.insert(key.clone()) {
+                    Owned::count(&mut self.owned, lease.owner, |o| o.keys += 1);
+                }
                 lease.holder.clone()
             }
             None => Arc::from(""),
@@ -666,7 +665,11 @@ impl LockTable {
             .deadlines
             .remove_wait(waiter.deadline, key, waiter.lease);
         if let Some(lease) = state.leases.get_mut(&waiter.lease) {
-            lease.waiting.remove(key);
+            if lease.waiting.remove(key) {
+                Owned::count(&mut self.owned, lease.owner, |o| {
+                    o.waits = o.waits.saturating_sub(1)
+                });
+            }
         }
     }
 
@@ -735,7 +738,11 @@ impl LockTable {
         }
         let holder = match self.state.leases.get_mut(&lease_id) {
             Some(lease) => {
-                lease.held.remove(&key);
+                if lease.held.remove(&key) {
+                    Owned::count(&mut self.owned, lease.owner, |o| {
+                        o.keys = o.keys.saturating_sub(1)
+                    });
+                }
                 lease.holder.clone()
             }
             None => Arc::from(""),

@@ -23,7 +23,7 @@ use crate::{LeaseId, LockError, RequestId};
 
 use super::answers::{Asked, Caller};
 use super::lock::{Set, Waiter};
-use super::{LockTable, Outcome};
+use super::{LockTable, Outcome, Owned};
 
 impl LockTable {
     pub(super) fn acquire_set_once(
@@ -158,7 +158,9 @@ impl LockTable {
                 .deadlines
                 .add_wait(deadline, key.clone(), lease_id);
             if let Some(lease) = self.state.leases.get_mut(&lease_id) {
-                lease.waiting.insert(key.clone());
+                if lease.waiting.insert(key.clone()) {
+                    Owned::count(&mut self.owned, lease.owner, |o| o.waits += 1);
+                }
             }
         }
         Ok(Response::Queued {

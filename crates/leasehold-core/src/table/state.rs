@@ -26,7 +26,7 @@ use crate::{Fence, LeaseId, RequestId, Time};
 use super::answers::{deserialize_answers, serialize_sorted, Answers, Caller};
 use super::deadlines::Deadlines;
 use super::lock::{Lease, Lock, Set};
-use super::LockTable;
+use super::{LockTable, Owned};
 
 /// What of the table is persisted: everything the rules decide on, apart from
 /// the indexes and counts derived from it.
@@ -96,7 +96,8 @@ impl TableState {
 impl LockTable {
     /// The table that stands on `state`, with the indexes and counts derived
     /// from it: the keys each lease holds and waits for, and how many keys
-    /// are held, and how many leases each token owns. Whatever those indexes held in `state` is replaced.
+    /// are held, and what each token owns. Whatever those indexes held in
+    /// `state` is replaced.
     pub(super) fn rebuilt(mut state: TableState) -> Self {
         let mut held_keys = 0;
         // Each lease's keys, gathered in key order and then built into their
@@ -112,18 +113,20 @@ impl LockTable {
                 waiting.entry(w.lease).or_default().push(key.clone());
             }
         }
-        let mut owned_leases: BTreeMap<TokenId, usize> = BTreeMap::new();
+        let mut owned: BTreeMap<TokenId, Owned> = BTreeMap::new();
         for (id, lease) in &mut state.leases {
-            if let Some(owner) = lease.owner {
-                *owned_leases.entry(owner).or_default() += 1;
-            }
             lease.held = held.remove(id).unwrap_or_default().into_iter().collect();
             lease.waiting = waiting.remove(id).unwrap_or_default().into_iter().collect();
+            Owned::count(&mut owned, lease.owner, |o| {
+                o.leases += 1;
+                o.keys += lease.held.len();
+                o.waits += lease.waiting.len();
+            });
         }
         LockTable {
             state,
             held_keys,
-            owned_leases,
+            owned,
         }
     }
 }

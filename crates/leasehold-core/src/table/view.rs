@@ -2,6 +2,8 @@
 //! what a step would cost, and the views of locks and leases that `describe`
 //! and `list` show. Nothing here changes the table.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::auth::TokenId;
@@ -99,6 +101,35 @@ pub struct Growth {
     pub waits: usize,
     /// The token the command runs as, which owns what it creates.
     pub owner: Option<TokenId>,
+}
+
+/// What one token owns: its live leases, and the keys they hold and wait
+/// for ([`LockTable::owned_by`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owned {
+    /// Live leases it granted.
+    pub leases: usize,
+    /// Keys its leases hold (a key two of them share counts twice).
+    pub keys: usize,
+    /// Waits of its leases in queues.
+    pub waits: usize,
+}
+
+impl Owned {
+    /// Changes `owner`'s count in `owned` by `change`, dropping a count that
+    /// falls to nothing. Nothing for a lease without an owner (auth off).
+    pub(super) fn count(
+        owned: &mut BTreeMap<TokenId, Owned>,
+        owner: Option<TokenId>,
+        change: impl FnOnce(&mut Owned),
+    ) {
+        let Some(owner) = owner else { return };
+        let entry = owned.entry(owner).or_default();
+        change(entry);
+        if *entry == Owned::default() {
+            owned.remove(&owner);
+        }
+    }
 }
 
 impl Growth {
@@ -252,9 +283,10 @@ impl LockTable {
         growth
     }
 
-    /// How many live leases `token` owns. Constant time.
-    pub fn leases_of(&self, token: TokenId) -> usize {
-        self.owned_leases.get(&token).copied().unwrap_or(0)
+    /// What `token` owns: its live leases and their keys and waits.
+    /// Logarithmic in the number of tokens.
+    pub fn owned_by(&self, token: TokenId) -> Owned {
+        self.owned.get(&token).copied().unwrap_or_default()
     }
 
     // ---- reading ----

@@ -261,7 +261,7 @@ impl LockService {
                     leases: t.lease_count(),
                     locks: t.held_count(),
                     waiters: t.waiter_count(),
-                    token_leases: token.map_or(0, |token| t.leases_of(token)),
+                    token: token.map(|token| t.owned_by(token)).unwrap_or_default(),
                 };
                 let mut growth = Growth::default();
                 for (i, ask) in asks.iter().enumerate() {
@@ -277,9 +277,13 @@ impl LockService {
                 (token, role, growth, usage)
             })
             .await;
-        admission
-            .admit(token, role.as_deref(), growth, usage)
-            .map_err(|refused| ApiError::ResourceExhausted(refused.0))
+        match admission.admit(token, role.as_deref(), growth, usage) {
+            Ok(()) => Ok(()),
+            Err(refused) => {
+                admission.hold_back(&refused).await;
+                Err(ApiError::ResourceExhausted(refused.message))
+            }
+        }
     }
 
     /// Checks a command's input ([`Command::validate`]), proposes it, and
