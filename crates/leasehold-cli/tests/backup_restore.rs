@@ -158,6 +158,48 @@ async fn a_restored_cluster_grants_tokens_above_every_token_any_client_saw() {
             "token {fence} after the restore is not above {seen}"
         );
     }
+
+    // A member of the old cluster started in the place of a new one (its
+    // data dir where node 3's is) is refused: it never gets the new
+    // cluster's entries, and the new cluster goes on without it.
+    let mut new = new;
+    new.kill(2);
+    let place = new.nodes[2].data_dir().to_path_buf();
+    std::fs::remove_dir_all(&place).expect("remove node 3's data dir");
+    copy_dir(old.nodes[2].data_dir(), &place);
+    new.restart(2);
+    let (_, fence) = acquire(&http, &base, "after/old-member", 10_000)
+        .await
+        .expect("the new cluster serves beside a member of the old one");
+    assert!(fence > seen);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !new.nodes[2].output().contains("another cluster") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old member was not refused: {}",
+            new.nodes[2].output()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let old_member = new.nodes[2].url();
+    let (status, lock) = call(&http, &old_member, "/v1/locks/after/old-member", None).await;
+    assert!(
+        status != 200 || lock["holders"].as_array().is_none_or(|h| h.is_empty()),
+        "the old member holds the new cluster's entries: {lock}"
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
 }
 
 #[test]

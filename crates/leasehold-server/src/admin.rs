@@ -143,11 +143,12 @@ fn report(
         Ok(r) => {
             println!(
                 "{command}: {what}, node {node_id} of {:?}: the log up to index {}; the next \
-                 token is {}, the next lease id {}",
+                 token is {}, the next lease id {}; cluster {:016x}",
                 members.keys().collect::<Vec<_>>(),
                 r.index,
                 r.next_fence,
-                r.next_lease
+                r.next_lease,
+                r.cluster
             );
             std::process::ExitCode::SUCCESS
         }

@@ -9,9 +9,12 @@
 
 use leasehold_core::Event;
 
+use std::sync::Arc;
+
 use crate::admission::Admission;
 use crate::auth_cache::AuthCache;
 use crate::metrics::Metrics;
+use crate::raft::cluster_id::ClusterId;
 
 /// The metrics and the auth cache of one node.
 #[derive(Default)]
@@ -22,6 +25,8 @@ pub struct NodeContext {
     pub auth: AuthCache,
     /// Quotas and rate limits on what callers create.
     pub admission: Admission,
+    /// The cluster this node belongs to, checked on every Raft call.
+    pub cluster: Arc<ClusterId>,
 }
 
 impl NodeContext {

@@ -124,6 +124,8 @@ pub struct Restored {
     pub next_fence: u64,
     /// The first lease id it grants.
     pub next_lease: u64,
+    /// The new cluster's id.
+    pub cluster: u64,
 }
 
 /// Builds in `dir` (absent or empty) the data dir of member `id` of a new
@@ -144,7 +146,7 @@ pub async fn restore(
     let last = meta
         .last_log_id
         .context("the backup holds no log entry: there is nothing to restore")?;
-    build_member(dir, id, members, last, table, fence_floor).await
+    build_member(dir, id, members, last, table, fence_floor, None).await
 }
 
 /// Builds in `into` (absent or empty) the data dir of a one-node cluster,
@@ -192,7 +194,16 @@ pub async fn force_new_cluster(
     }
     let last =
         last.context("the survivor's data dir holds no log entry: there is nothing to keep")?;
-    build_member(into, id, &members, last, table, fence_floor).await
+    build_member(
+        into,
+        id,
+        &members,
+        last,
+        table,
+        fence_floor,
+        Some(rand::random()),
+    )
+    .await
 }
 
 /// Fails unless `dir` may become member `id` of `members`.
@@ -225,10 +236,16 @@ async fn build_member(
     last: super::LogId,
     mut table: leasehold_core::LockTable,
     fence_floor: u64,
+    cluster: Option<u64>,
 ) -> anyhow::Result<Restored> {
     let (next_fence, next_lease) = table
         .prepare_for_new_cluster(fence_floor)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Every member restored from one backup, with the same floor and
+    // members, gets the same id, and the old cluster's (random) is another.
+    let cluster = cluster.unwrap_or_else(|| {
+        fnv1a(format!("{last:?} {next_fence} {next_lease} {members:?}").as_bytes())
+    });
     let voters: BTreeSet<NodeId> = members.keys().copied().collect();
     let nodes: BTreeMap<NodeId, Node> = members
         .iter()
@@ -240,6 +257,8 @@ async fn build_member(
         last_membership: StoredMembership::new(Some(last), membership),
     };
     format::open_data_dir(dir)?;
+    super::cluster_id::write_into(dir, cluster)
+        .with_context(|| format!("write the cluster id into {}", dir.display()))?;
     FileSnapshots::in_dir(dir).save(&meta, &encode_table(&table)?)?;
     // As a node that took that snapshot: its log purged up to it, and a
     // term at least the last entry's, so the new cluster's terms go on
@@ -251,5 +270,13 @@ async fn build_member(
         index: last.index,
         next_fence,
         next_lease,
+        cluster,
+    })
+}
+
+/// FNV-1a, 64 bits: a hash that every build computes alike.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }

@@ -59,6 +59,11 @@ pub fn check_data_dir(dir: &Path) -> CheckReport {
         )),
         Err(e) => report.problem(e.to_string()),
     }
+    match super::cluster_id::read(&dir.join(super::cluster_id::FILE)) {
+        Ok(Some(id)) => report.line(format!("cluster: {id:016x}")),
+        Ok(None) => report.line("cluster: no id (a cluster formed by 0.2.0, or none yet)".into()),
+        Err(e) => report.problem(e.to_string()),
+    }
     check_vote(dir, &mut report);
     let snapshot_index = check_snapshot(dir, &mut report);
     let log = check_log(dir, &mut report);

@@ -23,6 +23,7 @@ use tonic::{Request, Response, Status};
 use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
 
 use super::append_stream::serve_stream;
+use super::cluster_id::{self, ClusterId};
 use super::peer::{
     serve, AnswerStream, IncomingSnapshot, PeerCall, Transport, TransportError, CONNECT_TIMEOUT,
     MAX_MESSAGE,
@@ -38,6 +39,7 @@ impl Consensus {
             raft: self.raft.clone(),
             incoming: self.incoming.clone(),
             marks: self.shared.marks.clone(),
+            cluster: self.shared.context.cluster.clone(),
             require_certificates,
         })
         .max_decoding_message_size(MAX_MESSAGE)
@@ -50,6 +52,7 @@ pub struct PeerService {
     raft: Raft,
     incoming: IncomingSnapshot,
     marks: std::sync::Arc<super::hash_check::TableMarks>,
+    cluster: Arc<ClusterId>,
     require_certificates: bool,
 }
 
@@ -67,12 +70,29 @@ impl PeerService {
         Ok(certificate)
     }
 
+    /// Whether the caller belongs to this node's cluster (see
+    /// [`super::cluster_id`]).
+    #[allow(clippy::result_large_err)]
+    fn same_cluster<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let theirs = request
+            .metadata()
+            .get(cluster_id::METADATA_KEY)
+            .and_then(|v| v.to_str().ok());
+        self.cluster
+            .check(cluster_id::parse(theirs))
+            .map_err(Status::failed_precondition)
+    }
+
     async fn answer(
         &self,
         call: PeerCall,
         request: Request<PeerMessage>,
     ) -> Result<Response<PeerMessage>, Status> {
         let certificate = self.certificate(&request)?;
+        // Asked before a node belongs to any group: not checked.
+        if !matches!(call, PeerCall::Probe | PeerCall::Membership) {
+            self.same_cluster(&request)?;
+        }
         let refused = std::sync::OnceLock::new();
         let sender = |id: NodeId| {
             sent_by(certificate.as_ref(), id).inspect_err(|why| {
@@ -130,6 +150,7 @@ impl RaftPeer for PeerService {
         request: Request<tonic::Streaming<PeerMessage>>,
     ) -> Result<Response<Self::AppendStreamStream>, Status> {
         let certificate = self.certificate(&request)?;
+        self.same_cluster(&request)?;
         let requests = request
             .into_inner()
             .map(|m| m.map(|m| m.bincode).map_err(|s| s.message().to_string()));
@@ -243,6 +264,8 @@ pub struct GrpcTransport {
     /// The local address connections are made from (`None`: any).
     pub source: Option<IpAddr>,
     tls: Option<Arc<Tls>>,
+    /// This node's cluster, named on every call.
+    cluster: Arc<ClusterId>,
     /// By node and address: the channel, and the TLS load it was made with.
     channels: Mutex<HashMap<(NodeId, String), Made>>,
     /// Each peer's reachability, so a failure is logged once per reason (a
@@ -307,10 +330,15 @@ impl PeerHealth {
 impl GrpcTransport {
     /// Connects from `source` (`None`: any local address), with the peer
     /// certificates of `tls` if it has them.
-    pub fn new(source: Option<IpAddr>, tls: Option<Arc<Tls>>) -> GrpcTransport {
+    pub fn new(
+        source: Option<IpAddr>,
+        tls: Option<Arc<Tls>>,
+        cluster: Arc<ClusterId>,
+    ) -> GrpcTransport {
         GrpcTransport {
             source,
             tls,
+            cluster,
             channels: Mutex::default(),
             health: Arc::default(),
         }
@@ -347,11 +375,12 @@ impl Transport for GrpcTransport {
         let client = self.client(to, addr);
         let health = self.health.clone();
         let addr = addr.to_string();
+        let cluster = self.cluster.get();
         Box::pin(async move {
             let Some(mut client) = client else {
                 return Err(TransportError::Unreachable("not an address".into()));
             };
-            let message = PeerMessage { bincode: payload };
+            let message = of_cluster(PeerMessage { bincode: payload }, cluster);
             let reply = match call {
                 PeerCall::Append => client.append_entries(message).await,
                 PeerCall::Vote => client.vote(message).await,
@@ -385,11 +414,12 @@ impl Transport for GrpcTransport {
         let client = self.client(to, addr);
         let health = self.health.clone();
         let addr = addr.to_string();
+        let cluster = self.cluster.get();
         Box::pin(async move {
             let Some(mut client) = client else {
                 return Err(TransportError::Unreachable("not an address".into()));
             };
-            match open_append_stream(&mut client, requests).await {
+            match open_append_stream(&mut client, requests, cluster).await {
                 Ok((answers, forwarding)) => {
                     health.lock().entry(to).or_default().answered(to, &addr);
                     Ok(answer_stream(answers, forwarding, health, to, addr))
@@ -449,6 +479,7 @@ fn answer_stream(
 async fn open_append_stream(
     client: &mut RaftPeerClient<Channel>,
     mut requests: futures::stream::BoxStream<'static, Vec<u8>>,
+    cluster: Option<u64>,
 ) -> Result<(tonic::Streaming<PeerMessage>, AbortOnDrop), Status> {
     let (forward, messages) = tokio::sync::mpsc::channel(1);
     let forwarding = tokio::spawn(async move {
@@ -462,7 +493,21 @@ async fn open_append_stream(
     // too, not left waiting for entries to send on a stream nobody reads.
     let guard = AbortOnDrop(forwarding.abort_handle());
     let messages = tokio_stream::wrappers::ReceiverStream::new(messages);
-    Ok((client.append_stream(messages).await?.into_inner(), guard))
+    let request = of_cluster(messages, cluster);
+    Ok((client.append_stream(request).await?.into_inner(), guard))
+}
+
+/// A call's request, naming the caller's cluster if it has one.
+fn of_cluster<T>(message: T, cluster: Option<u64>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(id) = cluster {
+        if let Ok(value) = format!("{id:016x}").parse() {
+            request
+                .metadata_mut()
+                .insert(cluster_id::METADATA_KEY, value);
+        }
+    }
+    request
 }
 
 /// Stops a task when dropped.

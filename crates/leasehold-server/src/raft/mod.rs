@@ -34,6 +34,7 @@ pub mod backup;
 mod batch;
 pub mod check;
 mod cluster;
+pub mod cluster_id;
 mod disk;
 pub mod format;
 mod grpc;

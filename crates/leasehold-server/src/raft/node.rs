@@ -140,9 +140,14 @@ impl Consensus {
         tls: Option<Arc<crate::tls::Tls>>,
     ) -> anyhow::Result<Consensus> {
         super::format::open_data_dir(dir)?;
+        context.cluster.load(dir)?;
         let log = LogStore::open_observed(dir, context.metrics.log_fsync.clone())
             .with_context(|| format!("open raft log in {}", dir.display()))?;
-        let transport = Arc::new(GrpcTransport::new(spec.source, tls));
+        let transport = Arc::new(GrpcTransport::new(
+            spec.source,
+            tls,
+            context.cluster.clone(),
+        ));
         let snapshots = Arc::new(FileSnapshots::in_dir(dir));
         let sm = StateMachine::open(
             snapshots,
@@ -242,6 +247,10 @@ impl Consensus {
             tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
             return Ok(());
         }
+        // In no group yet: the leader that brings this node in names its
+        // cluster, unless this node forms the group itself (below).
+        let cluster = &self.shared.context.cluster;
+        cluster.adopt_from_first_caller();
         let lowest = spec.members.keys().next().copied();
         if lowest != Some(spec.id) {
             tracing::info!(id = spec.id, "new node: waiting for a leader to contact it");
@@ -262,6 +271,9 @@ impl Consensus {
             .iter()
             .map(|(&id, addr)| (id, BasicNode { addr: addr.clone() }))
             .collect();
+        cluster
+            .make_for_new_group()
+            .context("keep the new cluster's id in the data dir")?;
         match self.raft.initialize(members).await {
             Ok(()) => tracing::info!(
                 id = spec.id,
