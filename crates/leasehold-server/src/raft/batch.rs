@@ -6,6 +6,11 @@
 //! gathered into one entry: while one batch is being committed, the next
 //! fills. (The log groups the flushes of entries that arrive together too.)
 //!
+//! Commands that keep or free (keepalives, releases, revokes, cancelled
+//! waits, the expiry tick) have a lane of their own: each batch takes them
+//! first, so under a flood of acquires a holder's renewal waits for no
+//! acquire queued before it.
+//!
 //! What a proposal's failure promises is in [`ConsensusError`]: refused here
 //! before anything was handed to Raft (`NotLeader`, `Starting`), or handed to
 //! Raft and then cut off (`Unknown`: the entry may still commit).
@@ -52,6 +57,46 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub(super) type Proposal = (Command, oneshot::Sender<Result<Outcome, ConsensusError>>);
 
+/// Where proposals are sent: two lanes.
+#[derive(Clone)]
+pub(super) struct Lanes {
+    urgent: mpsc::Sender<Proposal>,
+    rest: mpsc::Sender<Proposal>,
+}
+
+/// Where the batcher takes them from.
+pub(super) struct Queues {
+    urgent: mpsc::Receiver<Proposal>,
+    rest: mpsc::Receiver<Proposal>,
+}
+
+/// The two lanes, each holding up to `capacity` proposals.
+pub(super) fn lanes(capacity: usize) -> (Lanes, Queues) {
+    let (urgent, urgent_queue) = mpsc::channel(capacity);
+    let (rest, rest_queue) = mpsc::channel(capacity);
+    (
+        Lanes { urgent, rest },
+        Queues {
+            urgent: urgent_queue,
+            rest: rest_queue,
+        },
+    )
+}
+
+/// Whether `command` keeps what a holder has or frees it: never held up
+/// behind commands that create.
+fn keeps_or_frees(command: &Command) -> bool {
+    match command {
+        Command::As { command, .. } => keeps_or_frees(command),
+        Command::KeepAlive { .. }
+        | Command::Revoke { .. }
+        | Command::Release { .. }
+        | Command::CancelWait { .. }
+        | Command::Tick => true,
+        _ => false,
+    }
+}
+
 impl Consensus {
     /// Stamps `command` with the leader's clock, replicates it durably and
     /// applies it. Answers once the entry is committed and applied.
@@ -60,19 +105,30 @@ impl Consensus {
             return Err(self.not_leader());
         }
         let (tx, rx) = oneshot::channel();
-        self.proposals
-            .send((command, tx))
+        let lane = if keeps_or_frees(&command) {
+            &self.proposals.urgent
+        } else {
+            &self.proposals.rest
+        };
+        lane.send((command, tx))
             .await
             .map_err(|_| ConsensusError::Stopped("the proposer stopped".into()))?;
         rx.await
             .map_err(|_| ConsensusError::Unknown("the proposer dropped a proposal".into()))?
     }
 
-    /// Gathers proposals into batches, one log entry each.
-    pub(super) async fn batch_proposals(self, mut queue: mpsc::Receiver<Proposal>) {
+    /// Gathers proposals into batches, one log entry each, the urgent lane's
+    /// first.
+    pub(super) async fn batch_proposals(self, mut queues: Queues) {
         let alone = Arc::new(Semaphore::new(MAX_IN_FLIGHT_ALONE));
         let group = Arc::new(Semaphore::new(MAX_IN_FLIGHT_GROUP));
-        while let Some(first) = queue.recv().await {
+        loop {
+            let first = tokio::select! {
+                biased;
+                Some(p) = queues.urgent.recv() => p,
+                Some(p) = queues.rest.recv() => p,
+                else => return,
+            };
             let voters = self
                 .raft
                 .metrics()
@@ -93,12 +149,15 @@ impl Consensus {
                     tokio::task::yield_now().await;
                 }
             }
-            let mut batch = Vec::with_capacity(MAX_BATCH.min(queue.len() + 1));
+            let waiting = queues.urgent.len() + queues.rest.len();
+            let mut batch = Vec::with_capacity(MAX_BATCH.min(waiting + 1));
             batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match queue.try_recv() {
-                    Ok(p) => batch.push(p),
-                    Err(_) => break,
+            for queue in [&mut queues.urgent, &mut queues.rest] {
+                while batch.len() < MAX_BATCH {
+                    match queue.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
                 }
             }
             let this = self.clone();
@@ -164,6 +223,45 @@ impl Consensus {
                     let _ = tx.send(Err(e.clone()));
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_keeps_or_frees_takes_the_urgent_lane_and_what_creates_does_not() {
+        let urgent = [
+            Command::KeepAlive { lease: 1 },
+            Command::Revoke { lease: 1 },
+            Command::Tick,
+            Command::As {
+                token: Some(3),
+                command: Box::new(Command::KeepAlive { lease: 1 }),
+            },
+        ];
+        for command in &urgent {
+            assert!(keeps_or_frees(command), "{command:?}");
+        }
+        let rest = [
+            Command::Grant {
+                ttl_ms: 1_000,
+                holder: "h".into(),
+                request_id: 0,
+            },
+            Command::As {
+                token: Some(3),
+                command: Box::new(Command::Grant {
+                    ttl_ms: 1_000,
+                    holder: "h".into(),
+                    request_id: 0,
+                }),
+            },
+        ];
+        for command in &rest {
+            assert!(!keeps_or_frees(command), "{command:?}");
         }
     }
 }

@@ -60,7 +60,6 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::type_config::alias;
 use openraft::{BasicNode, ServerState};
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 use crate::hub::Hub;
 pub use cluster::{ClusterStatus, MemberStatus, MembershipError};
@@ -171,7 +170,7 @@ pub struct Consensus {
     clock: Arc<dyn Clock>,
     /// Set while this node leads; the stamp of every proposal comes from it.
     leader: Arc<Mutex<Option<leadership::LeaderClock>>>,
-    proposals: mpsc::Sender<batch::Proposal>,
+    proposals: batch::Lanes,
     /// Carries this node's calls to its peers (probes; openraft holds its own handle).
     transport: Arc<dyn peer::Transport>,
     /// When each peer last answered this node.

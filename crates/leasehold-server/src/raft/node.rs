@@ -24,7 +24,6 @@ use anyhow::Context;
 use openraft::errors::{InitializeError, RaftError};
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, SnapshotPolicy};
-use tokio::sync::mpsc;
 
 use super::batch::MAX_BATCH;
 use super::grpc::GrpcTransport;
@@ -194,7 +193,7 @@ impl Consensus {
             .context("start raft")?;
         // Before the first tick (one and a half heartbeats away).
         raft.runtime_config().elect(false);
-        let (proposals, queue) = mpsc::channel(64 * MAX_BATCH);
+        let (proposals, queues) = super::batch::lanes(64 * MAX_BATCH);
         let consensus = Consensus {
             raft,
             shared,
@@ -229,7 +228,7 @@ impl Consensus {
                 ),
         );
         tokio::spawn(consensus.clone().notice_removal());
-        tokio::spawn(consensus.clone().batch_proposals(queue));
+        tokio::spawn(consensus.clone().batch_proposals(queues));
         tokio::spawn(consensus.clone().snapshot_when_due());
         Ok(consensus)
     }
