@@ -9,7 +9,9 @@ use anyhow::{bail, Context};
 use super::cluster::{leader, Target};
 
 /// Saves a backup from the leader into `file`: written beside it, synced,
-/// checked and renamed into place, so `file` is whole or absent.
+/// checked (its version and checksums, when this build has the server in
+/// it, as by default) and renamed into place, its directory synced, so
+/// `file` is whole or absent, also after a crash.
 pub async fn save(target: &Target, file: &Path) -> anyhow::Result<i32> {
     let leader = leader(target).await?;
     let http = target.http()?;
@@ -50,26 +52,42 @@ pub async fn save(target: &Target, file: &Path) -> anyhow::Result<i32> {
     out.sync_all()
         .with_context(|| format!("sync {}", aside.display()))?;
     drop(out);
-    if let Err(e) = verify(&aside) {
-        let _ = std::fs::remove_file(&aside);
-        bail!("the backup from {leader} is damaged ({e:#}); nothing was saved: try again");
-    }
+    let checked = match verify(&aside) {
+        Ok(checked) => checked,
+        Err(e) => {
+            let _ = std::fs::remove_file(&aside);
+            bail!("the backup from {leader} is damaged ({e:#}); nothing was saved: try again");
+        }
+    };
     std::fs::rename(&aside, file).with_context(|| format!("move it to {}", file.display()))?;
+    let dir = match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("sync {}", dir.display()))?;
     println!(
-        "saved {} ({bytes} bytes) from {leader}: the log up to index {index}",
-        file.display()
+        "saved {} ({bytes} bytes) from {leader}: the log up to index {index}{}",
+        file.display(),
+        if checked {
+            "; version and checksums checked"
+        } else {
+            "; not checked (this build has no server in it: `leasehold snapshot status` of a default build checks it)"
+        }
     );
     Ok(0)
 }
 
+/// Checks a backup's version and checksums; whether it could.
 #[cfg(feature = "embedded-server")]
-fn verify(file: &Path) -> anyhow::Result<()> {
-    leasehold_server::raft::backup::backup_status(file).map(|_| ())
+fn verify(file: &Path) -> anyhow::Result<bool> {
+    leasehold_server::raft::backup::backup_status(file).map(|_| true)
 }
 
 #[cfg(not(feature = "embedded-server"))]
-fn verify(_file: &Path) -> anyhow::Result<()> {
-    Ok(())
+fn verify(_file: &Path) -> anyhow::Result<bool> {
+    Ok(false)
 }
 
 /// Prints what a backup holds, checking its version and checksums.

@@ -130,6 +130,14 @@ impl FileSnapshots {
                     format::BUILD
                 )));
             }
+            // Format 1 had no header: a header naming it (or 0) is damage.
+            if word(0) < 2 {
+                return Err(corrupt(format!(
+                    "a snapshot header naming format {} at byte 8, which no build wrote: the \
+                     file is corrupt",
+                    word(0)
+                )));
+            }
             (word(4) as usize, Some(word(8)), FILE_HEADER)
         } else {
             // Version 1: the meta's length, then the meta, whose first four
@@ -383,6 +391,14 @@ mod tests {
             )) && err.contains(&format!("up to {SNAPSHOT_FILE_FORMAT}")),
             "{err}"
         );
+
+        // A header naming a format that never had one is damage.
+        for version in [0u32, 1] {
+            newer[8..12].copy_from_slice(&version.to_le_bytes());
+            std::fs::write(&path, &newer).unwrap();
+            let err = store.load().unwrap_err().to_string();
+            assert!(err.contains("no build wrote"), "{err}");
+        }
     }
 
     #[test]
