@@ -286,7 +286,7 @@ async fn members_are_added_and_removed_and_quorum_is_kept() {
         json!({"id": 4, "addr": new_addr}),
     )
     .await;
-    assert_eq!(s, 200, "{r}");
+    assert_eq!(s, 200, "{r}\nnode 4:\n{}", c.nodes[new].output());
     let members = r["members"].as_array().unwrap();
     assert_eq!(
         members.iter().filter(|m| m["voter"] == true).count(),

@@ -276,7 +276,8 @@ impl LockTable {
                     .filter(|k| !has(*lease, k))
                     .collect();
                 growth.keys = new.len();
-                growth.waits = usize::from(*wait_ms > 0 && !new.is_empty());
+                // A set that waits waits in the queue of each of its keys.
+                growth.waits = if *wait_ms > 0 { new.len() } else { 0 };
             }
             _ => {}
         }

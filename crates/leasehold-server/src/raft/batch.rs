@@ -6,10 +6,12 @@
 //! gathered into one entry: while one batch is being committed, the next
 //! fills. (The log groups the flushes of entries that arrive together too.)
 //!
-//! Commands that keep or free (keepalives, releases, revokes, cancelled
-//! waits, the expiry tick) have a lane of their own: each batch takes them
-//! first, so under a flood of acquires a holder's renewal waits for no
-//! acquire queued before it.
+//! Commands that keep or free (keepalives, releases, revokes, the expiry
+//! tick) have a lane of their own: each batch takes them first (up to three
+//! quarters of it, so the other lane always moves), and under a flood of
+//! acquires a holder's renewal waits for no acquire queued before it. A
+//! cancelled wait stays in the other lane: it must come after the acquire
+//! it cancels, which may still be queued there.
 //!
 //! What a proposal's failure promises is in [`ConsensusError`]: refused here
 //! before anything was handed to Raft (`NotLeader`, `Starting`), or handed to
@@ -27,6 +29,9 @@ use super::{Consensus, ConsensusError, Request};
 
 /// At most this many commands in one log entry.
 pub(super) const MAX_BATCH: usize = 1024;
+/// At most this many of them from the urgent lane, while the other lane
+/// has commands waiting.
+const URGENT_PER_BATCH: usize = MAX_BATCH * 3 / 4;
 /// At most this many batches handed to openraft at once by a single node.
 /// A second batch in flight would only split the next one in two (measured
 /// on openraft 0.9: 1 in flight gave 8.3k cycles/s at 50 clients, 2 gave
@@ -84,14 +89,15 @@ pub(super) fn lanes(capacity: usize) -> (Lanes, Queues) {
 }
 
 /// Whether `command` keeps what a holder has or frees it: never held up
-/// behind commands that create.
+/// behind commands that create. Not a cancelled wait: it must follow the
+/// acquire it cancels (its caller went away, perhaps before that acquire
+/// was even proposed), and that acquire goes in the other lane.
 fn keeps_or_frees(command: &Command) -> bool {
     match command {
         Command::As { command, .. } => keeps_or_frees(command),
         Command::KeepAlive { .. }
         | Command::Revoke { .. }
         | Command::Release { .. }
-        | Command::CancelWait { .. }
         | Command::Tick => true,
         _ => false,
     }
@@ -152,12 +158,23 @@ impl Consensus {
             let waiting = queues.urgent.len() + queues.rest.len();
             let mut batch = Vec::with_capacity(MAX_BATCH.min(waiting + 1));
             batch.push(first);
-            for queue in [&mut queues.urgent, &mut queues.rest] {
-                while batch.len() < MAX_BATCH {
+            let lanes = [
+                (&mut queues.urgent, URGENT_PER_BATCH),
+                (&mut queues.rest, MAX_BATCH),
+            ];
+            for (queue, up_to) in lanes {
+                while batch.len() < up_to {
                     match queue.try_recv() {
                         Ok(p) => batch.push(p),
                         Err(_) => break,
                     }
+                }
+            }
+            // Room the other lane left: the urgent one fills it.
+            while batch.len() < MAX_BATCH {
+                match queues.urgent.try_recv() {
+                    Ok(p) => batch.push(p),
+                    Err(_) => break,
                 }
             }
             let this = self.clone();
@@ -246,6 +263,13 @@ mod tests {
             assert!(keeps_or_frees(command), "{command:?}");
         }
         let rest = [
+            // After the acquire it cancels, which is in this lane.
+            Command::CancelWait {
+                lease: 1,
+                key: "k".into(),
+                request_id: 0,
+                attempt: 0,
+            },
             Command::Grant {
                 ttl_ms: 1_000,
                 holder: "h".into(),

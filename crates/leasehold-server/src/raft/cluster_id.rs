@@ -5,7 +5,8 @@
 //! file `cluster`, one line `cluster 0123456789abcdef`). The node that forms
 //! a new group makes it; a restore or `--force-new-cluster` makes a new one
 //! for the cluster it builds (every member restored from one backup file
-//! gets the same id, from the file's checksum). Every Raft call between
+//! with the same `--peers` and fence floor gets the same id: a hash of the
+//! backup's last log id, the new sequences and the members). Every Raft call between
 //! peers carries the caller's id in the gRPC metadata `leasehold-cluster`,
 //! and the node called checks it:
 //!
@@ -13,7 +14,8 @@
 //! |---|---|---|
 //! | id A | id A | served |
 //! | id A | id B, or none | refused: another cluster, or a build that sends none |
-//! | none, data dir empty when it started | id B | B is adopted (written to the data dir), served |
+//! | none, in no group when it started | id B, sending entries or a snapshot | B is adopted (written to the data dir), served |
+//! | none, in no group when it started | id B, a vote | served, nothing adopted (the group is forming) |
 //! | none, data dir held a group | id B | refused: it belongs to a cluster without an id |
 //! | none | none | served (a cluster formed by 0.2.0, upgraded in place) |
 //!
@@ -24,7 +26,6 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -38,15 +39,22 @@ pub const FILE: &str = "cluster";
 /// (a simulation's nodes) or in a cluster formed by 0.2.0.
 #[derive(Debug, Default)]
 pub struct ClusterId {
-    id: Mutex<Option<u64>>,
+    /// The id, and whether it may still be adopted; one lock, so two
+    /// callers cannot both adopt theirs.
+    state: Mutex<State>,
     /// Where it is kept; `None`: never written (a simulation).
     file: Mutex<Option<PathBuf>>,
-    /// Whether this node may take the id of the first caller that names
-    /// one: it started with an empty data dir and has none yet.
-    may_adopt: AtomicBool,
     /// When a refusal was last logged (a refused peer retries every
     /// heartbeat: one line in ten seconds is enough).
     warned: Mutex<Option<std::time::Instant>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    id: Option<u64>,
+    /// Whether this node may take the id of the first leader that names
+    /// one: it started in no group and has none yet.
+    may_adopt: bool,
 }
 
 impl ClusterId {
@@ -56,44 +64,47 @@ impl ClusterId {
         let path = dir.join(FILE);
         let id = read(&path)?;
         *self.file.lock() = Some(path);
-        *self.id.lock() = id;
+        self.state.lock().id = id;
         Ok(())
     }
 
     /// The id, if this node has one.
     pub fn get(&self) -> Option<u64> {
-        *self.id.lock()
+        self.state.lock().id
     }
 
-    /// Lets this node adopt the first id a caller names (it holds no group).
-    pub fn adopt_from_first_caller(&self) {
-        if self.get().is_none() {
-            self.may_adopt.store(true, Ordering::SeqCst);
-        }
+    /// Lets this node adopt the id of the first leader that sends it
+    /// entries or a snapshot naming one (it holds no group).
+    pub fn adopt_from_first_leader(&self) {
+        let mut state = self.state.lock();
+        state.may_adopt = state.id.is_none();
     }
 
     /// Makes a new random id for a group this node forms, unless it has one.
     pub fn make_for_new_group(&self) -> io::Result<()> {
-        if self.get().is_some() {
-            return Ok(());
+        let mut state = self.state.lock();
+        if state.id.is_none() {
+            self.keep(&mut state, rand::random())?;
         }
-        self.set(rand::random())
+        Ok(())
     }
 
-    fn set(&self, id: u64) -> io::Result<()> {
+    /// Takes `id` as this node's, written to the data dir first.
+    fn keep(&self, state: &mut State, id: u64) -> io::Result<()> {
         if let Some(path) = self.file.lock().as_ref() {
             write(path, id)?;
         }
-        *self.id.lock() = Some(id);
-        self.may_adopt.store(false, Ordering::SeqCst);
+        state.id = Some(id);
+        state.may_adopt = false;
         Ok(())
     }
 
     /// Whether a Raft call from a caller of cluster `theirs` may be served
-    /// (see the table in the module doc); adopts `theirs` where the table
-    /// says so. The error is one line for the caller and this node's log.
-    pub fn check(&self, theirs: Option<u64>) -> Result<(), String> {
-        let checked = self.judge(theirs);
+    /// (see the table in the module doc); `from_leader`: the call sends
+    /// entries or a snapshot, so its id may be adopted. The error is one
+    /// line for the caller and this node's log.
+    pub fn check(&self, theirs: Option<u64>, from_leader: bool) -> Result<(), String> {
+        let checked = self.judge(theirs, from_leader);
         if let Err(why) = &checked {
             let mut warned = self.warned.lock();
             let now = std::time::Instant::now();
@@ -105,9 +116,9 @@ impl ClusterId {
         checked
     }
 
-    fn judge(&self, theirs: Option<u64>) -> Result<(), String> {
-        let mine = self.get();
-        match (mine, theirs) {
+    fn judge(&self, theirs: Option<u64>, from_leader: bool) -> Result<(), String> {
+        let mut state = self.state.lock();
+        match (state.id, theirs) {
             (Some(mine), Some(theirs)) if mine == theirs => Ok(()),
             (Some(mine), Some(theirs)) => Err(format!(
                 "this node belongs to cluster {mine:016x} and the caller to cluster {theirs:016x}: \
@@ -119,8 +130,11 @@ impl ClusterId {
                  of a cluster formed by 0.2.0, or that build): upgrade it, or wipe its data dir \
                  before it joins this one"
             )),
-            (None, Some(theirs)) if self.may_adopt.load(Ordering::SeqCst) => {
-                self.set(theirs).map_err(|e| {
+            // Votes before the first leader (the group forming) are
+            // answered; the leader's entries bring the id.
+            (None, Some(_)) if state.may_adopt && !from_leader => Ok(()),
+            (None, Some(theirs)) if state.may_adopt => {
+                self.keep(&mut state, theirs).map_err(|e| {
                     format!("this node could not keep the cluster id {theirs:016x}: {e}")
                 })?;
                 tracing::info!(cluster = %format!("{theirs:016x}"), "joined the cluster");
@@ -131,7 +145,13 @@ impl ClusterId {
                  belongs to cluster {theirs:016x}: a node of another cluster may not join; wipe \
                  its data dir before it joins"
             )),
-            (None, None) => Ok(()),
+            (None, None) => {
+                // A leader of a cluster without an id brought this node in.
+                if from_leader {
+                    state.may_adopt = false;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -188,21 +208,33 @@ mod tests {
     #[test]
     fn each_pair_of_ids_is_served_or_refused_as_the_table_says() {
         let a = ClusterId::default();
-        assert!(a.check(None).is_ok(), "no ids on either side");
-        let err = a.check(Some(7)).unwrap_err();
+        assert!(a.check(None, true).is_ok(), "no ids on either side");
+        let err = a.check(Some(7), true).unwrap_err();
         assert!(err.contains("without a cluster id"), "{err}");
 
-        a.adopt_from_first_caller();
-        a.check(Some(7)).expect("adopted");
+        a.adopt_from_first_leader();
+        // A vote while the group forms is answered, and adopts nothing.
+        a.check(Some(9), false)
+            .expect("a vote before the first leader");
+        assert_eq!(a.get(), None);
+        a.check(Some(7), true)
+            .expect("adopted from the leader's entries");
         assert_eq!(a.get(), Some(7));
-        a.check(Some(7)).expect("its own cluster");
-        let err = a.check(Some(8)).unwrap_err();
+        a.check(Some(7), false).expect("its own cluster");
+        let err = a.check(Some(8), true).unwrap_err();
         assert!(
             err.contains("0000000000000007") && err.contains("0000000000000008"),
             "{err}"
         );
-        assert!(a.check(None).unwrap_err().contains("names none"));
+        assert!(a.check(None, false).unwrap_err().contains("names none"));
         assert_eq!(a.get(), Some(7), "a refusal changes nothing");
+
+        // Brought in by a leader without an id: it adopts none later.
+        let b = ClusterId::default();
+        b.adopt_from_first_leader();
+        b.check(None, true).expect("a cluster formed by 0.2.0");
+        assert!(b.check(Some(7), true).is_err());
+        assert_eq!(b.get(), None);
     }
 
     #[test]

@@ -73,13 +73,13 @@ impl PeerService {
     /// Whether the caller belongs to this node's cluster (see
     /// [`super::cluster_id`]).
     #[allow(clippy::result_large_err)]
-    fn same_cluster<T>(&self, request: &Request<T>) -> Result<(), Status> {
+    fn same_cluster<T>(&self, request: &Request<T>, from_leader: bool) -> Result<(), Status> {
         let theirs = request
             .metadata()
             .get(cluster_id::METADATA_KEY)
             .and_then(|v| v.to_str().ok());
         self.cluster
-            .check(cluster_id::parse(theirs))
+            .check(cluster_id::parse(theirs), from_leader)
             .map_err(Status::failed_precondition)
     }
 
@@ -91,7 +91,8 @@ impl PeerService {
         let certificate = self.certificate(&request)?;
         // Asked before a node belongs to any group: not checked.
         if !matches!(call, PeerCall::Probe | PeerCall::Membership) {
-            self.same_cluster(&request)?;
+            let from_leader = matches!(call, PeerCall::Append | PeerCall::Snapshot);
+            self.same_cluster(&request, from_leader)?;
         }
         let refused = std::sync::OnceLock::new();
         let sender = |id: NodeId| {
@@ -150,7 +151,7 @@ impl RaftPeer for PeerService {
         request: Request<tonic::Streaming<PeerMessage>>,
     ) -> Result<Response<Self::AppendStreamStream>, Status> {
         let certificate = self.certificate(&request)?;
-        self.same_cluster(&request)?;
+        self.same_cluster(&request, true)?;
         let requests = request
             .into_inner()
             .map(|m| m.map(|m| m.bincode).map_err(|s| s.message().to_string()));

@@ -246,10 +246,10 @@ impl Consensus {
             tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
             return Ok(());
         }
-        // In no group yet: the leader that brings this node in names its
-        // cluster, unless this node forms the group itself (below).
+        // In no group yet: the first leader that sends this node entries
+        // names its cluster, unless this node forms the group (below).
         let cluster = &self.shared.context.cluster;
-        cluster.adopt_from_first_caller();
+        cluster.adopt_from_first_leader();
         let lowest = spec.members.keys().next().copied();
         if lowest != Some(spec.id) {
             tracing::info!(id = spec.id, "new node: waiting for a leader to contact it");
