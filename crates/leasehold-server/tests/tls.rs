@@ -115,6 +115,15 @@ async fn a_node_with_another_nodes_certificate_is_refused() {
     assert_eq!(s, 200, "{r}");
 }
 
+/// A peer call naming the cluster `cluster`, as members send them.
+fn of_cluster<T>(cluster: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("leasehold-cluster", cluster.parse().unwrap());
+    request
+}
+
 #[tokio::test]
 async fn raft_calls_without_a_peer_certificate_are_refused() {
     let _one = common::serial().await;
@@ -142,6 +151,10 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
         .await
         .unwrap();
     let mut as_two = RaftPeerClient::new(channel);
+    // Members name their cluster on every Raft call (the id node 1 made
+    // when it formed the group).
+    let cluster = std::fs::read_to_string(c.nodes[0].data_dir().join("cluster")).unwrap();
+    let cluster = cluster.trim().trim_start_matches("cluster ").to_string();
     let vote = |from: u64| {
         // A stale term: heard and turned down, so nothing changes.
         let request: VoteRequest<leasehold_server::raft::TypeConfig> =
@@ -151,10 +164,25 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
         }
     };
     as_two
-        .vote(vote(2))
+        .vote(of_cluster(&cluster, vote(2)))
         .await
         .expect("node 2's own vote is heard");
-    let status = as_two.vote(vote(3)).await.unwrap_err();
+    // Naming another cluster, or none, it is refused with both ids.
+    let status = as_two
+        .vote(of_cluster("00000000000000aa", vote(2)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains(&cluster) && status.message().contains("00000000000000aa"),
+        "{status:?}"
+    );
+    let status = as_two.vote(vote(2)).await.unwrap_err();
+    assert!(status.message().contains("names none"), "{status:?}");
+    let status = as_two
+        .vote(of_cluster(&cluster, vote(3)))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
     assert!(
         status.message().contains("does not name node 3"),
@@ -175,7 +203,7 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
         }
     };
     let mut answers = as_two
-        .append_stream(tokio_stream::iter(vec![append(3)]))
+        .append_stream(of_cluster(&cluster, tokio_stream::iter(vec![append(3)])))
         .await
         .expect("the stream opens")
         .into_inner();
