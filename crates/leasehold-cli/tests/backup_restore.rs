@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use leasehold_testkit::{workspace_bin, Cluster};
+use leasehold_testkit::{copy_dir, workspace_bin, Cluster};
 use serde_json::{json, Value};
 
 fn leasehold(endpoints: &str, args: &[&str]) -> Output {
@@ -187,19 +187,6 @@ async fn a_restored_cluster_grants_tokens_above_every_token_any_client_saw() {
         status != 200 || lock["holders"].as_array().is_none_or(|h| h.is_empty()),
         "the old member holds the new cluster's entries: {lock}"
     );
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
-        }
-    }
 }
 
 #[test]
