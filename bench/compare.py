@@ -39,13 +39,8 @@ LEASEHOLDD = os.path.join(ROOT, "target/release/leaseholdd")
 started = []
 tmp = tempfile.mkdtemp(prefix="leasehold-bench-")
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from failover import free_port  # noqa: E402  (a port outside the outgoing range)
 
 
 def wait(what, ok, limit=30):

@@ -40,7 +40,34 @@ CLI = os.path.join(ROOT, "target", "release", "leasehold")
 NODE_ARGS = os.environ.get("NODE_ARGS", "").split()
 
 
+_next_port = None
+
+
 def free_port():
+    """A port nobody listens on, below the kernel's range for outgoing
+    connections' local ports: a port from that range (bind to port 0) may be
+    taken by any outgoing connection while its server restarts, which then
+    fails with "address in use"."""
+    global _next_port
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            below = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 32768
+    floor = 10000
+    if below > floor + 1000:
+        span = below - floor
+        if _next_port is None:
+            _next_port = os.getpid() * 7919 % span
+        for _ in range(span):
+            port = floor + _next_port % span
+            _next_port += 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -91,6 +91,14 @@ class Fenced(threading.Thread):
         return max(b - a for a, b in zip(marks, marks[1:]))
 
 
+def tail(path, lines=30):
+    try:
+        with open(path, "rb") as f:
+            return b"".join(f.readlines()[-lines:]).decode("utf-8", "replace").rstrip()
+    except OSError as e:
+        return f"(no log: {e})"
+
+
 def version(binary):
     out = subprocess.run([binary, "--version"], capture_output=True, text=True)
     return out.stdout.strip() or out.stderr.strip()
@@ -100,6 +108,7 @@ def run(old, new, cli, holders=5, load_clients=50, log=print):
     workdir = tempfile.mkdtemp(prefix="leasehold-upgrade-")
     cluster = MixedCluster(3, workdir, old)
     load, kept, probers = None, [], []
+    failed_step = None
     try:
         cluster.wait_leader(20)
         endpoint = "http://" + ",".join(cluster.addrs)
@@ -124,7 +133,8 @@ def run(old, new, cli, holders=5, load_clients=50, log=print):
             cluster.bins[i] = new
             cluster.start(i)
             if not cluster.caught_up(i):
-                raise SystemExit(f"node {i + 1} did not catch up within 30 s of its upgrade")
+                failed_step = f"node {i + 1} did not catch up within 30 s of its upgrade"
+                raise SystemExit(failed_step)
             time.sleep(2.5)  # past the holders' TTL: their locks must still be held
             until = time.monotonic()
             pause = max(p.longest_pause(stopped - 0.5, until) for p in probers)
@@ -144,6 +154,11 @@ def run(old, new, cli, holders=5, load_clients=50, log=print):
             load.kill()
             load.wait()
         cluster.stop()
+        if failed_step:
+            log(f"FAILED: {failed_step}; node logs kept in {workdir}")
+            for n in range(3):
+                log(f"--- node {n + 1}, last lines of its log ---")
+                log(tail(os.path.join(workdir, f"node-{n + 1}.log")))
 
     fences = [f for p in probers for _, f in p.grants]
     reused = len(fences) - len(set(fences))

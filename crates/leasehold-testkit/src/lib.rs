@@ -19,12 +19,51 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, below the kernel's range for the
+/// local ports of outgoing connections.
+///
+/// A port the kernel hands out (bind to port 0) is in that range, so while
+/// a test's server is down (a restart, or the moment between choosing the
+/// port and the server's bind) any outgoing connection on the machine may
+/// take it as its local port, and the server then fails to start with
+/// "address in use". Ports below the range are taken only by listeners.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    // Where this process walks from: apart from another test process's.
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    const FLOOR: u32 = 10_000;
+    let below = ephemeral_low().unwrap_or(32_768);
+    if below > FLOOR + 1_000 {
+        let span = below - FLOOR;
+        let _ = NEXT.compare_exchange(
+            u32::MAX,
+            std::process::id().wrapping_mul(7_919) % span,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        for _ in 0..span {
+            let port = FLOOR + NEXT.fetch_add(1, Ordering::Relaxed) % span;
+            if let Ok(port) = u16::try_from(port) {
+                if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                    return port;
+                }
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind an ephemeral port")
+}
+
+/// The lowest local port the kernel gives outgoing connections.
+fn ephemeral_low() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The path of a binary built from this workspace (`target/<profile>/NAME`),
@@ -198,6 +237,23 @@ pub fn wait_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) 
     }
 }
 
+/// Waits until a process just started says it is `ready`, or panics after
+/// `limit` with the end of what it printed (why it did not start).
+fn wait_for_start(process: &Process, limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        if start.elapsed() >= limit {
+            let output = process.output();
+            let lines: Vec<&str> = output.lines().collect();
+            panic!(
+                "timed out after {limit:?} waiting for {what}; the end of its log:\n{}",
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A `leaseholdd` process on a free port with a temporary data directory.
 pub struct Leaseholdd {
     /// The process.
@@ -355,9 +411,12 @@ impl RedisServer {
             &dir.path().join("redis.log"),
         );
         let addr = format!("127.0.0.1:{port}");
-        wait_until(Duration::from_secs(10), "redis-server to listen", || {
-            listening(&addr)
-        });
+        wait_for_start(
+            &process,
+            Duration::from_secs(10),
+            "redis-server to listen",
+            || listening(&addr),
+        );
         RedisServer {
             process,
             addr,
@@ -403,7 +462,7 @@ impl EtcdServer {
             format!("test=http://127.0.0.1:{peer}"),
         ];
         let process = Process::spawn(Path::new("etcd"), &args, &dir.path().join("etcd.log"));
-        wait_until(Duration::from_secs(20), "etcd to answer", || {
+        wait_for_start(&process, Duration::from_secs(30), "etcd to answer", || {
             http_get(&addr, "/health").is_some_and(|b| b.contains("true"))
         });
         EtcdServer {
