@@ -32,6 +32,7 @@ mod answers;
 mod authorize;
 mod deadlines;
 mod invariants;
+mod leases;
 mod lock;
 mod lookup;
 mod rules;
