@@ -261,6 +261,48 @@ async fn a_restarted_member_deposes_no_one() {
     }
 }
 
+/// A new member that voted for the first candidate and restarted before the
+/// leader's first entries holds a vote and no log (and openraft counts it
+/// initialized). It is in no group yet: it takes the cluster's id from the
+/// leader's entries and catches up, instead of refusing the leader as a
+/// member of another cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_only_voted_before_a_restart_joins_the_cluster() {
+    let _serial = common::serial().await;
+    let mut c = Cluster::start(3);
+    let follower = (c.wait_leader() + 1) % 3;
+    // Its data dir as it was after its vote: the vote, and nothing else of
+    // the group (no log, no snapshot, no cluster id).
+    c.kill(follower);
+    let dir = c.nodes[follower].data_dir().to_path_buf();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        match path.file_name().and_then(|n| n.to_str()) {
+            Some("vote" | "format") => {}
+            _ if path.is_dir() => std::fs::remove_dir_all(&path).unwrap(),
+            _ => std::fs::remove_file(&path).unwrap(),
+        }
+    }
+    c.restart(follower);
+    let leader = c.wait_leader();
+    let addr = c.nodes[leader].addr.clone();
+    let (s, r) = common::post(&addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 60_000})).await;
+    assert_eq!(s, 200, "{r}");
+    let id = std::fs::read_to_string(c.nodes[leader].data_dir().join("cluster")).unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the member to take the cluster's id",
+        || std::fs::read_to_string(dir.join("cluster")).is_ok_and(|mine| mine == id),
+    );
+    let applied = health(&addr)["last_applied"].as_u64().unwrap_or(0);
+    let rejoined = c.nodes[follower].addr.clone();
+    wait_until(Duration::from_secs(20), "the member to catch up", || {
+        health(&rejoined)["last_applied"].as_u64().unwrap_or(0) >= applied
+    });
+    let output = c.nodes[follower].output();
+    assert!(!output.contains("refused a raft call"), "{output}");
+}
+
 /// A fourth node joins as a learner, catches up and becomes a voter; the
 /// old leader is removed and the group goes on; a change that would leave
 /// no quorum is refused.

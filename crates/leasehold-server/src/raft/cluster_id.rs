@@ -141,9 +141,10 @@ impl ClusterId {
                 Ok(())
             }
             (None, Some(theirs)) => Err(format!(
-                "this node holds a group without a cluster id (formed by 0.2.0) and the caller \
-                 belongs to cluster {theirs:016x}: a node of another cluster may not join; wipe \
-                 its data dir before it joins"
+                "this node's data dir holds a group without a cluster id (one formed by 0.2.0) \
+                 and the caller belongs to cluster {theirs:016x}: a node of another cluster may \
+                 not join; to add this node to the caller's cluster, wipe this node's data dir \
+                 and start it again"
             )),
             (None, None) => {
                 // A leader of a cluster without an id brought this node in.

@@ -188,6 +188,14 @@ impl Consensus {
             heard: heard.clone(),
             snapshots_sent: Arc::default(),
         };
+        // No entry ever: whatever vote it holds, the node is in no group.
+        let mut log = log;
+        let log_empty = log
+            .get_log_state()
+            .await
+            .context("read the raft log's state")?
+            .last_log_id
+            .is_none();
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
             .await
             .context("start raft")?;
@@ -206,7 +214,7 @@ impl Consensus {
             removed: Arc::default(),
             id: spec.id,
         };
-        consensus.form_group(&spec).await?;
+        consensus.form_group(&spec, log_empty).await?;
         consensus.shared.marks.set_every(options.hash_check_every);
         if options.hash_check_every > 0 {
             consensus.check_tables_periodically();
@@ -234,7 +242,16 @@ impl Consensus {
     }
 
     /// Initializes the group if this node is the one to (see the module doc).
-    async fn form_group(&self, spec: &NodeSpec) -> anyhow::Result<()> {
+    /// `log_empty`: the log never held an entry.
+    async fn form_group(&self, spec: &NodeSpec, log_empty: bool) -> anyhow::Result<()> {
+        let cluster = &self.shared.context.cluster;
+        if log_empty {
+            // In no group yet, even if it voted before a restart (openraft
+            // then counts it as initialized): the first leader that sends
+            // this node entries names its cluster, unless this node forms
+            // the group (below).
+            cluster.adopt_from_first_leader();
+        }
         // Asked first: openraft logs an error for an initialize it refuses,
         // and a restart is not an error.
         if self
@@ -246,10 +263,6 @@ impl Consensus {
             tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
             return Ok(());
         }
-        // In no group yet: the first leader that sends this node entries
-        // names its cluster, unless this node forms the group (below).
-        let cluster = &self.shared.context.cluster;
-        cluster.adopt_from_first_leader();
         let lowest = spec.members.keys().next().copied();
         if lowest != Some(spec.id) {
             tracing::info!(id = spec.id, "new node: waiting for a leader to contact it");
