@@ -39,8 +39,9 @@ pub enum Admin {
         /// member. Without it: a single node.
         #[arg(long, value_parser = parse_peers)]
         peers: Option<BTreeMap<u64, String>>,
-        /// The lowest token the new cluster may grant, if higher than the
-        /// rule above gives (the highest token any client saw, say).
+        /// The lowest token and lease id the new cluster may hand out, if
+        /// higher than the rule above gives (above the highest token and
+        /// lease id any client saw, say).
         #[arg(long, default_value_t = 0)]
         fence_floor: u64,
     },
@@ -62,7 +63,8 @@ pub enum Admin {
         /// The node's HOST:PORT, as members and clients reach it.
         #[arg(long)]
         advertise: String,
-        /// The lowest token the new cluster may grant, if higher.
+        /// The lowest token and lease id the new cluster may hand out, if
+        /// higher.
         #[arg(long, default_value_t = 0)]
         fence_floor: u64,
     },

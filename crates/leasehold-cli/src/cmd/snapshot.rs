@@ -111,6 +111,7 @@ pub fn status(file: &Path, json: bool) -> anyhow::Result<i32> {
         status.leases, status.held, status.waiting
     );
     println!("  next token  {}", status.next_fence);
+    println!("  next lease  {}", status.next_lease);
     println!(
         "  checksums   {}",
         if status.format >= 2 {

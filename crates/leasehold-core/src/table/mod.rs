@@ -124,7 +124,7 @@ impl LockTable {
 
     /// Makes this table (a backup's) the start of a new cluster, for a
     /// restore: the fencing token and lease id sequences move up by at least
-    /// [`RESTORE_STRIDE`], to a multiple of it (and the tokens to at least
+    /// [`RESTORE_STRIDE`], to a multiple of it (and each to at least
     /// `fence_floor`), above every token and lease id the old cluster could
     /// have handed out after the backup unless it handed out 2^48 of them;
     /// and the epoch goes back to 0, so the new cluster's first leader gives
@@ -142,7 +142,14 @@ impl LockTable {
                 .and_then(|k| k.checked_mul(RESTORE_STRIDE))
                 .filter(|&at| at <= room)
         };
-        let exhausted = || LockError::invalid("backup", "its token sequence is exhausted");
+        let exhausted = || {
+            LockError::invalid(
+                "backup",
+                "its token or lease id sequence is within 2^48 of 2^64, too close to the end \
+                 to move up: it cannot be restored; restore an older backup, or start a new \
+                 cluster",
+            )
+        };
         if fence_floor > room {
             return Err(LockError::invalid(
                 "fence_floor",
@@ -152,7 +159,11 @@ impl LockTable {
         let fence = next_stride(self.state.next_fence)
             .ok_or_else(exhausted)?
             .max(fence_floor);
-        let lease = next_stride(self.state.next_lease).ok_or_else(exhausted)?;
+        // The floor holds for lease ids too: a second restore of one backup
+        // must not hand out the lease ids the first restored cluster did.
+        let lease = next_stride(self.state.next_lease)
+            .ok_or_else(exhausted)?
+            .max(fence_floor);
         self.state.next_fence = fence;
         self.state.next_lease = lease;
         self.state.epoch = 0;

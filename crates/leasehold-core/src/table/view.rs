@@ -155,6 +155,12 @@ impl LockTable {
         self.state.next_fence
     }
 
+    /// The id the next lease will get. Every lease id handed out so far is
+    /// lower.
+    pub fn next_lease(&self) -> LeaseId {
+        self.state.next_lease
+    }
+
     /// Number of live leases.
     pub fn lease_count(&self) -> usize {
         self.state.leases.len()

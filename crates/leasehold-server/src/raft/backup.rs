@@ -88,6 +88,8 @@ pub struct BackupStatus {
     pub waiting: usize,
     /// The token the cluster it came from would have granted next.
     pub next_fence: u64,
+    /// The lease id it would have handed out next.
+    pub next_lease: u64,
 }
 
 /// Reads a backup, checking its version and checksums and decoding its
@@ -112,6 +114,7 @@ pub fn backup_status(path: &Path) -> anyhow::Result<BackupStatus> {
         held: table.held_count(),
         waiting: table.waiter_count(),
         next_fence: table.next_fence(),
+        next_lease: table.next_lease(),
     })
 }
 
@@ -153,8 +156,8 @@ pub async fn restore(
 /// node `id` at `addr`, from everything the data dir `survivor` holds: its
 /// snapshot and every entry of its log after it, committed or not (a
 /// survivor of a cluster that lost its quorum for good). Tokens move up as
-/// in a restore. `survivor` is read, not changed (beyond the cut of a torn
-/// tail that a start would make too).
+/// in a restore. `survivor` is only read: a torn tail at the end of its log
+/// is left out of the new data dir, not cut from the survivor's.
 pub async fn force_new_cluster(
     survivor: &Path,
     into: &Path,
