@@ -20,7 +20,9 @@
 //! that many requests a second with a burst of as many; a refusal for it is
 //! held back until the bucket has room again (between 200 ms and 1 s), so a
 //! client flooding the node gets its refusals slowly and the node's time
-//! goes to everyone else's renewals. `--role-quota` sets a role's own limits
+//! goes to everyone else's renewals. At most a quarter of a framed
+//! connection's places hold such refusals at once (the rest go out at
+//! once), so the flood never fills the connection its own renewals use. `--role-quota` sets a role's own limits
 //! per token, in place of the four per-token flags, for every token of that
 //! role. With auth off there is no caller to tell apart, and only the limits
 //! on the whole table apply.
@@ -171,14 +173,23 @@ impl Admission {
     /// sends as fast as it can then gets its refusals a few a second per
     /// connection, not as fast as the node can write them, and leaves the
     /// node's time to others' renewals. A refusal of any other kind goes
-    /// out at once, and so does this one when too many are held already.
-    pub async fn hold_back(&self, refused: &Refused) {
+    /// out at once, and so does this one when too many are held already:
+    /// on the node, or on the caller's connection (`connection`, the places
+    /// of a connection that carries many calls at once, so that held-back
+    /// refusals never fill it and a renewal sent behind them is still read).
+    pub async fn hold_back(&self, refused: &Refused, connection: Option<&Semaphore>) {
         let Some(wait) = refused.retry_after else {
             return;
         };
-        if let Ok(_held) = self.held_back.try_acquire() {
-            tokio::time::sleep(wait.clamp(HOLD_BACK.0, HOLD_BACK.1)).await;
-        }
+        let Ok(_held) = self.held_back.try_acquire() else {
+            return;
+        };
+        let _mine = match connection.map(Semaphore::try_acquire) {
+            Some(Err(_)) => return,
+            Some(Ok(place)) => Some(place),
+            None => None,
+        };
+        tokio::time::sleep(wait.clamp(HOLD_BACK.0, HOLD_BACK.1)).await;
     }
 
     /// The limits.
@@ -491,6 +502,42 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_connection_holds_back_at_most_its_places() {
+        use futures::FutureExt;
+        let a = Admission::default();
+        let refused = Refused {
+            message: "slow down".into(),
+            retry_after: Some(Duration::from_millis(500)),
+        };
+        let connection = Semaphore::new(1);
+        let mut held = Box::pin(a.hold_back(&refused, Some(&connection)));
+        assert!(futures::poll!(held.as_mut()).is_pending(), "held back");
+        assert_eq!(connection.available_permits(), 0);
+        assert!(
+            a.hold_back(&refused, Some(&connection))
+                .now_or_never()
+                .is_some(),
+            "with the connection's places taken, a refusal goes out at once"
+        );
+        drop(held);
+        assert_eq!(connection.available_permits(), 1, "the place is given back");
+        let other = Refused {
+            retry_after: None,
+            ..refused.clone()
+        };
+        assert!(
+            a.hold_back(&other, Some(&connection))
+                .now_or_never()
+                .is_some(),
+            "a refusal not for the rate goes out at once"
+        );
+        assert!(
+            a.hold_back(&refused, None).now_or_never().is_none(),
+            "without a connection's bound, only the node's applies"
+        );
     }
 
     #[test]

@@ -123,6 +123,9 @@ pub async fn serve<R, W>(
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    // Refusals held back for a caller past its rate take a quarter of the
+    // places at most: a renewal sent behind a flood is still read.
+    service = service.for_connection(MAX_IN_FLIGHT);
     let mut preamble = [0u8; PREAMBLE.len()];
     match tokio::time::timeout(timeouts.header, read.read_exact(&mut preamble)).await {
         Ok(Ok(_)) if &preamble == PREAMBLE => {}

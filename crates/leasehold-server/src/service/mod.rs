@@ -79,6 +79,9 @@ pub struct LockService {
     /// The subject of the client certificate the caller showed, if any:
     /// named in the audit trail.
     certificate: Option<Arc<str>>,
+    /// How many of this connection's refusals may be held back at once
+    /// (`Admission::hold_back`); `None`: the node's bound only.
+    held_back: Option<Arc<tokio::sync::Semaphore>>,
     #[cfg(feature = "planted-bugs")]
     planted: Option<PlantedBug>,
 }
@@ -94,6 +97,7 @@ impl LockService {
             require_auth: false,
             local: false,
             certificate: None,
+            held_back: None,
             #[cfg(feature = "planted-bugs")]
             planted: None,
         }
@@ -120,6 +124,15 @@ impl LockService {
     pub fn with_bearer(&self, bearer: Option<&str>) -> LockService {
         LockService {
             bearer: bearer.map(Arc::from),
+            ..self.clone()
+        }
+    }
+
+    /// This service for one connection that carries up to `places` calls
+    /// at once: at most a quarter of them may be refusals held back.
+    pub fn for_connection(&self, places: usize) -> LockService {
+        LockService {
+            held_back: Some(Arc::new(tokio::sync::Semaphore::new((places / 4).max(1)))),
             ..self.clone()
         }
     }
@@ -280,7 +293,9 @@ impl LockService {
         match admission.admit(token, role.as_deref(), growth, usage) {
             Ok(()) => Ok(()),
             Err(refused) => {
-                admission.hold_back(&refused).await;
+                admission
+                    .hold_back(&refused, self.held_back.as_deref())
+                    .await;
                 Err(ApiError::ResourceExhausted(refused.message))
             }
         }
