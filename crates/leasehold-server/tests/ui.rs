@@ -32,7 +32,8 @@ impl Browser {
             .expect("chromedriver is not installed: apt-get install chromium chromium-driver (scripts/test does)");
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let process = Process::spawn(
+        // Its own process group: the browser it starts dies with it.
+        let process = Process::spawn_group(
             std::path::Path::new(driver),
             &[format!("--port={port}")],
             &dir.path().join("chromedriver.log"),
@@ -138,12 +139,6 @@ impl Browser {
             .expect("base64");
         assert!(png.starts_with(b"\x89PNG"), "no screenshot came back");
         png
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        // The driver process is killed with its handle; the browser with it.
     }
 }
 

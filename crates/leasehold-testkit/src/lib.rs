@@ -94,16 +94,30 @@ pub struct Process {
     program: PathBuf,
     args: Vec<String>,
     log: PathBuf,
+    /// Whether it leads a process group of its own, killed with it.
+    group: bool,
 }
 
 impl Process {
     /// Starts `program` with `args`, its output going to `log`.
     pub fn spawn(program: &Path, args: &[String], log: &Path) -> Process {
+        Process::spawn_as(program, args, log, false)
+    }
+
+    /// Starts `program` as [`Process::spawn`] does, in a process group of
+    /// its own: what it starts in turn (a browser under its driver) is
+    /// killed with it, not left running.
+    pub fn spawn_group(program: &Path, args: &[String], log: &Path) -> Process {
+        Process::spawn_as(program, args, log, true)
+    }
+
+    fn spawn_as(program: &Path, args: &[String], log: &Path, group: bool) -> Process {
         let mut p = Process {
             child: None,
             program: program.to_path_buf(),
             args: args.to_vec(),
             log: log.to_path_buf(),
+            group,
         };
         p.start();
         p
@@ -116,7 +130,12 @@ impl Process {
             .open(&self.log)
             .expect("open log");
         let err = out.try_clone().expect("clone log");
-        let child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        if self.group {
+            use std::os::unix::process::CommandExt;
+            command.process_group(0);
+        }
+        let child = command
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(out)
@@ -140,9 +159,15 @@ impl Process {
         }
     }
 
-    /// SIGKILL, and reap it.
+    /// SIGKILL, and reap it (with its process group, if it leads one).
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if self.group {
+                // SAFETY: kill(2) of the process group this child leads.
+                unsafe {
+                    libc::kill(-(child.id() as i32), libc::SIGKILL);
+                }
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
