@@ -11,8 +11,8 @@ first), start the NEW build on the same data dir, and wait until it has
 caught up before the next. It checks that
 
 - every holder kept its lock through all three restarts (no lock lost);
-- no fencing token was handed out twice, and every token after an upgrade
-  is above every token before it (no token reused);
+- no fencing token was handed out twice, and each client acquiring without
+  a break got tokens that rise across every upgrade (no token reused);
 - the cluster served throughout: for each node, the longest pause between
   two successful acquires of a client acquiring without a break.
 
