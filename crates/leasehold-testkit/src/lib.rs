@@ -173,10 +173,20 @@ impl Process {
         }
     }
 
-    /// SIGTERM, and wait for it to exit.
+    /// SIGTERM, and wait for it to exit (then SIGKILL to what is left of
+    /// its process group, if it leads one).
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
         self.signal(libc::SIGTERM);
-        self.child.take().and_then(|mut c| c.wait().ok())
+        let mut child = self.child.take()?;
+        let status = child.wait().ok();
+        if self.group {
+            // SAFETY: kill(2) of the process group this child led; its id is
+            // still reserved while the group has members.
+            unsafe {
+                libc::kill(-(child.id() as i32), libc::SIGKILL);
+            }
+        }
+        status
     }
 
     /// SIGSTOP: the process is frozen, as by a long GC pause or a stalled VM.
@@ -297,9 +307,9 @@ impl Leaseholdd {
     /// Starts one with extra flags and waits until it leads.
     ///
     /// The free port is found by binding and closing it, so something else
-    /// (another test's outgoing connection, say) may take it before the
-    /// server binds it: a server that exits because its address is in use
-    /// is started again on another port.
+    /// (another test's server, say) may take it before this server binds
+    /// it: a server that exits because its address is in use is started
+    /// again on another port.
     pub fn start_with(extra: &[&str]) -> Leaseholdd {
         let start = Instant::now();
         loop {

@@ -132,8 +132,8 @@ pub struct Restored {
 }
 
 /// Builds in `dir` (absent or empty) the data dir of member `id` of a new
-/// cluster of `members` from the backup at `backup`, with the token sequence
-/// at least `fence_floor`.
+/// cluster of `members` from the backup at `backup`, with the token and
+/// lease id sequences at least `fence_floor`.
 pub async fn restore(
     backup: &Path,
     dir: &Path,

@@ -14,7 +14,7 @@
 //! |---|---|---|
 //! | id A | id A | served |
 //! | id A | id B, or none | refused: another cluster, or a build that sends none |
-//! | none, in no group when it started | id B, sending entries or a snapshot | B is adopted (written to the data dir), served |
+//! | none, in no group when it started (no entry, no snapshot; a vote at most) | id B, sending entries or a snapshot | B is adopted (written to the data dir), served |
 //! | none, in no group when it started | id B, a vote | served, nothing adopted (the group is forming) |
 //! | none, data dir held a group | id B | refused: it belongs to a cluster without an id |
 //! | none | none | served (a cluster formed by 0.2.0, upgraded in place) |

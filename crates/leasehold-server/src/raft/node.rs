@@ -188,14 +188,16 @@ impl Consensus {
             heard: heard.clone(),
             snapshots_sent: Arc::default(),
         };
-        // No entry ever: whatever vote it holds, the node is in no group.
+        // No entry ever and no snapshot: whatever vote it holds, the node
+        // is in no group.
         let mut log = log;
         let log_empty = log
             .get_log_state()
             .await
             .context("read the raft log's state")?
             .last_log_id
-            .is_none();
+            .is_none()
+            && shared.read().last_applied.is_none();
         let raft = Raft::new(spec.id, raft_config(&options)?, network, log, sm)
             .await
             .context("start raft")?;
@@ -242,7 +244,8 @@ impl Consensus {
     }
 
     /// Initializes the group if this node is the one to (see the module doc).
-    /// `log_empty`: the log never held an entry.
+    /// `log_empty`: the log never held an entry, and no snapshot was taken
+    /// or installed.
     async fn form_group(&self, spec: &NodeSpec, log_empty: bool) -> anyhow::Result<()> {
         let cluster = &self.shared.context.cluster;
         if log_empty {
