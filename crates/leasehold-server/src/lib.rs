@@ -17,8 +17,10 @@
 //! - `api`: gRPC (tonic) and HTTP/JSON (axum) on one port, errors mapped in one place.
 //! - [`conn`]: one client connection: protocol sniffing, timeouts, the cap.
 //! - [`server`]: wiring, for the binary and for tests.
+//! - [`allocator`]: when freed memory goes back to the operating system.
 
 pub mod admission;
+pub mod allocator;
 mod api;
 mod auth_cache;
 pub mod config_file;

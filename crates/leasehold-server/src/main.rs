@@ -309,34 +309,13 @@ const RESERVED_FDS: u64 = 64;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_purge_delay` (its place in `mi_option_e`, the same
-/// in mimalloc 2 and 3; the Rust bindings do not name it).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// Memory freed in bulk goes back to the OS at once. By default mimalloc
-/// returns it a while after the free (1 s in mimalloc 3), and only when a
-/// later allocation gets round to it, which after a restart may be never:
-/// what reading a snapshot of a million locks freed stayed resident
-/// (bench/memory.py: 271 MiB after a restart, 160-180 MiB with this).
-/// `cycle` x50 ran as fast either way (interleaved). The option's default
-/// is checked first, so a mimalloc whose options moved is left as it is.
-fn return_freed_memory_promptly() {
-    // SAFETY: reading and setting an option; both take plain integers.
-    unsafe {
-        let default = libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY);
-        if default == 10 || default == 1000 {
-            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
-        }
-    }
-}
-
 /// A mistake in the flags, the config file or the files they name: one
 /// line and exit code 2, as for a flag clap refuses.
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> std::process::ExitCode {
     use std::io::IsTerminal;
-    return_freed_memory_promptly();
+    leasehold_server::allocator::purge_at_once();
     // openraft's own lines are for its developers: a vote that changed
     // under a message at WARN, and at ERROR every call to a peer that is
     // still starting. What an operator must act on leaseholdd logs itself

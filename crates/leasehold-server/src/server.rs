@@ -83,6 +83,9 @@ pub async fn run(
     )
     .await
     .context("start consensus")?;
+    // The state is loaded: what loading it freed goes back now, and from
+    // here on requests reuse what they free (see `allocator`).
+    crate::allocator::purge_when_settled();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut stop_driver = stop_rx.clone();
     let driver = tokio::spawn(crate::expiry::run(consensus.clone(), async move {
