@@ -348,6 +348,26 @@ fn regression_seeds_930_and_6706_a_restarted_leader_reads_nothing_stale() {
     }
 }
 
+/// Seeds 8 and 26 found replication to a follower stopped for good once one
+/// of its streams of appends broke. openraft makes each append while holding
+/// its replication's stream lock, and keeps it while it waits for entries to
+/// send; a stream left part-way through making one (as an append held back
+/// for a later one to carry it left it, when its time was up) and then not
+/// polled, because the network had stalled the stream, kept the next
+/// session from starting. A task of its own now reads openraft's requests,
+/// each to its end, and stops with the stream's answers.
+#[test]
+fn regression_seeds_8_and_26_replication_resumes_after_a_stream_stalls() {
+    for seed in [8, 26] {
+        let report = run(&Config::seed(seed));
+        assert!(
+            report.passed(),
+            "seed {seed}: {:#?}",
+            report.verdict.violations
+        );
+    }
+}
+
 /// Seed 5577 found two clients believing they held one key: a client's wait
 /// got no answer in time and it retried the acquire (same lease, key and
 /// request id), which re-attached to the wait and was granted. The first

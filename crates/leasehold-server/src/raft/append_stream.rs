@@ -12,6 +12,15 @@
 //! bigger request later). The oldest unanswered request must be answered
 //! within the session's soft deadline, or the stream fails and openraft
 //! starts another (as a single call that is not answered in time does).
+//!
+//! openraft sends an append with no entries each time the commit index moves
+//! and nothing new waits to go: at one caller that is one more message to
+//! each follower, and one more answer, per commit, sent just before the
+//! leader answers its caller. Such an append is held back for up to
+//! [`HOLD_COMMIT_ONLY`]: if the next append goes on from the same place
+//! (same leader, same previous entry, a commit index no lower) it carries the
+//! commit instead, and the held one is answered from its answer (below). A
+//! held append that nothing follows goes out when its time is up.
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -24,17 +33,23 @@ use openraft::errors::{Fatal, NetworkError, RPCError, Unreachable};
 use openraft::network::RPCOption;
 use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use openraft::OptionalSend;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::peer::{decode, encode, AnswerStream, Heard, PeerError, Transport, TransportError};
-use super::{NodeId, Raft, TypeConfig};
+use super::{LogId, NodeId, Raft, TypeConfig};
 
 /// Appends sent to one follower and not yet answered, at most.
 pub(super) const APPENDS_IN_FLIGHT: usize = 16;
 /// A stream that sends nothing yet must be open within this long (as long
 /// as a connection may take: `peer::CONNECT_TIMEOUT`).
 const OPEN_WITHIN: Duration = Duration::from_millis(500);
+/// An append with no entries waits at most this long for one that can carry
+/// it. A follower learns of a commit this much later when nothing follows;
+/// nothing waits for that but its own applying.
+pub(super) const HOLD_COMMIT_ONLY: Duration = Duration::from_millis(2);
 
 type Answers = BoxStream<'static, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>;
 
@@ -43,12 +58,209 @@ struct InFlight {
     /// Free places in the window; closed when the answers side is dropped
     /// ([`Closing`]), so the requests side sends no more.
     window: Semaphore,
-    /// When each unanswered request was sent, oldest first.
-    sent: Mutex<VecDeque<Instant>>,
+    /// The unanswered requests, oldest first.
+    sent: Mutex<VecDeque<Sent>>,
     /// Wakes the answers side when a request goes out with none in flight.
     first_sent: Notify,
     /// Why the requests side stopped early, if it did.
     broken: Mutex<Option<String>>,
+}
+
+impl InFlight {
+    fn new() -> Self {
+        InFlight {
+            window: Semaphore::new(APPENDS_IN_FLIGHT),
+            sent: Mutex::default(),
+            first_sent: Notify::new(),
+            broken: Mutex::default(),
+        }
+    }
+}
+
+/// A request on the wire.
+struct Sent {
+    at: Instant,
+    /// Held appends it carries (see the module doc), answered before it.
+    riders: Riders,
+}
+
+/// Appends with no entries that were not sent because the request after
+/// them carries them: all with the same previous entry.
+#[derive(Clone, Copy, Default)]
+struct Riders {
+    count: usize,
+    prev: Option<LogId>,
+}
+
+impl Riders {
+    /// What the follower would have answered each of them, given its answer
+    /// to the request that carried them. That request went on from the
+    /// same previous entry with a commit index no lower, so a follower that
+    /// takes it takes that entry (it matches up to it), and a follower that
+    /// refuses it (a conflict at that entry, a higher vote) would have
+    /// refused them alike.
+    fn answers(
+        self,
+        carrier: &StreamAppendResult<TypeConfig>,
+    ) -> impl Iterator<Item = StreamAppendResult<TypeConfig>> + '_ {
+        (0..self.count).map(move |_| match carrier {
+            Ok(matching) => Ok(self.prev.min(*matching)),
+            Err(refused) => Err(refused.clone()),
+        })
+    }
+}
+
+/// The requests side: takes openraft's requests in order, holds back those
+/// with no entries (see the module doc), and sends each within the window.
+struct Requests<S> {
+    input: S,
+    in_flight: Arc<InFlight>,
+    /// An append with no entries, the appends it carries, and until when it
+    /// may wait.
+    held: Option<(AppendEntriesRequest<TypeConfig>, Riders, Instant)>,
+    /// A request taken from `input` that the held one could not ride on.
+    next: Option<AppendEntriesRequest<TypeConfig>>,
+    input_ended: bool,
+}
+
+impl<S> Requests<S>
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin,
+{
+    fn new(input: S, in_flight: Arc<InFlight>) -> Self {
+        Requests {
+            input,
+            in_flight,
+            held: None,
+            next: None,
+            input_ended: false,
+        }
+    }
+
+    /// The next request to send, with the held appends it carries; `None`
+    /// once the input has ended and nothing is held.
+    async fn next_to_send(&mut self) -> Option<(AppendEntriesRequest<TypeConfig>, Riders)> {
+        loop {
+            let request = match self.next.take() {
+                Some(request) => request,
+                None => match (&self.held, self.input_ended) {
+                    (_, true) => return self.held.take().map(|(held, riders, _)| (held, riders)),
+                    (None, false) => match self.input.next().await {
+                        Some(request) => request,
+                        None => {
+                            self.input_ended = true;
+                            continue;
+                        }
+                    },
+                    (Some((_, _, until)), false) => {
+                        let until = *until;
+                        tokio::select! {
+                            biased;
+                            request = self.input.next() => match request {
+                                Some(request) => request,
+                                None => {
+                                    self.input_ended = true;
+                                    continue;
+                                }
+                            },
+                            _ = tokio::time::sleep_until(until) => {
+                                return self.held.take().map(|(held, riders, _)| (held, riders));
+                            }
+                        }
+                    }
+                },
+            };
+            let (riders, until) = match self.held.take() {
+                Some((held, riders, until)) if carries(&request, &held) => (
+                    Riders {
+                        count: riders.count + 1,
+                        prev: held.prev_log_id,
+                    },
+                    until,
+                ),
+                Some((held, riders, _)) => {
+                    self.next = Some(request);
+                    return Some((held, riders));
+                }
+                None => (Riders::default(), Instant::now() + HOLD_COMMIT_ONLY),
+            };
+            if request.entries.is_empty() {
+                self.held = Some((request, riders, until));
+                continue;
+            }
+            return Some((request, riders));
+        }
+    }
+
+    /// Waits for a place in the window and encodes the next request.
+    async fn send_next(&mut self) -> Option<Vec<u8>> {
+        let (request, riders) = self.next_to_send().await?;
+        // Closed: the answers side is gone, send no more.
+        self.in_flight.window.acquire().await.ok()?.forget();
+        match encode(&request) {
+            Ok(bytes) => {
+                let mut sent = self.in_flight.sent.lock();
+                sent.push_back(Sent {
+                    at: Instant::now(),
+                    riders,
+                });
+                if sent.len() == 1 {
+                    self.in_flight.first_sent.notify_one();
+                }
+                Some(bytes)
+            }
+            Err(e) => {
+                *self.in_flight.broken.lock() = Some(e);
+                None
+            }
+        }
+    }
+}
+
+/// Reads openraft's requests into a channel, each to its end, one ahead.
+///
+/// openraft makes a request holding its replication's stream lock, and one
+/// it is still making (waiting for entries to send) keeps the lock. Its
+/// stream left part-way through a request and no longer polled (as the
+/// requests side leaves it when a held append's time is up) would keep the
+/// next replication session from starting. Here each request is made to
+/// its end; the task stops when the requests side stops reading or the
+/// answers side is dropped ([`Closing`]).
+fn pump<S>(
+    mut input: S,
+) -> (
+    ReceiverStream<AppendEntriesRequest<TypeConfig>>,
+    AbortHandle,
+)
+where
+    S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+{
+    let (requests, read) = mpsc::channel(1);
+    let task = tokio::spawn(async move {
+        // Room first, so that a request is made only once it can be taken.
+        while let Ok(room) = requests.reserve().await {
+            let request = tokio::select! {
+                request = input.next() => request,
+                () = requests.closed() => return,
+            };
+            match request {
+                Some(request) => room.send(request),
+                None => return,
+            }
+        }
+    });
+    (ReceiverStream::new(read), task.abort_handle())
+}
+
+/// Whether `next` can carry `held` (an append with no entries): it goes on
+/// from the same place for the same leader, with a commit index no lower.
+fn carries(
+    next: &AppendEntriesRequest<TypeConfig>,
+    held: &AppendEntriesRequest<TypeConfig>,
+) -> bool {
+    next.vote == held.vote
+        && next.prev_log_id == held.prev_log_id
+        && next.leader_commit >= held.leader_commit
 }
 
 /// Streams `input` to `peer` over `transport`, pipelined, and returns the
@@ -63,40 +275,14 @@ where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
 {
     let within = option.soft_ttl();
-    let in_flight = Arc::new(InFlight {
-        window: Semaphore::new(APPENDS_IN_FLIGHT),
-        sent: Mutex::default(),
-        first_sent: Notify::new(),
-        broken: Mutex::default(),
-    });
-    let requests = {
-        let in_flight = in_flight.clone();
-        input
-            .then(move |request| {
-                let in_flight = in_flight.clone();
-                async move {
-                    // Closed: the answers side is gone, send no more.
-                    in_flight.window.acquire().await.ok()?.forget();
-                    match encode(&request) {
-                        Ok(bytes) => {
-                            let mut sent = in_flight.sent.lock();
-                            sent.push_back(Instant::now());
-                            if sent.len() == 1 {
-                                in_flight.first_sent.notify_one();
-                            }
-                            Some(bytes)
-                        }
-                        Err(e) => {
-                            *in_flight.broken.lock() = Some(e);
-                            None
-                        }
-                    }
-                }
-            })
-            .take_while(|bytes| std::future::ready(bytes.is_some()))
-            .filter_map(std::future::ready)
-            .boxed()
-    };
+    let in_flight = Arc::new(InFlight::new());
+    let (input, pumping) = pump(input);
+    let requests = Requests::new(input, in_flight.clone());
+    let requests = futures::stream::unfold(requests, |mut requests| async move {
+        let bytes = requests.send_next().await?;
+        Some((bytes, requests))
+    })
+    .boxed();
     // Not waited for here: the first requests go out with the opening, and
     // the deadline of the oldest unanswered one covers the opening too. A
     // stream that opens sending nothing must open within OPEN_WITHIN.
@@ -104,12 +290,27 @@ where
         transport.append_stream(peer.target, &peer.addr, requests),
         Instant::now() + within.max(OPEN_WITHIN),
     );
-    let state = (opening, Closing(in_flight), peer);
+    let state = (opening, Closing(in_flight, pumping), peer, VecDeque::new());
     let answers = futures::stream::unfold(Some(state), move |state| async move {
-        let (mut answers, in_flight, peer) = state?;
-        let answer = next_answer(&mut answers, &in_flight.0, &peer, within).await?;
+        let (mut answers, in_flight, peer, mut ready) = state?;
+        let answer = match ready.pop_front() {
+            Some(answer) => answer,
+            None => {
+                let mut riders = Riders::default();
+                let answer =
+                    next_answer(&mut answers, &in_flight.0, &peer, within, &mut riders).await?;
+                match &answer {
+                    Ok(carrier) => {
+                        ready.extend(riders.answers(carrier).map(Ok));
+                        ready.push_back(answer);
+                        ready.pop_front()?
+                    }
+                    Err(_) => answer,
+                }
+            }
+        };
         let go_on = matches!(answer, Ok(Ok(_)));
-        Some((answer, go_on.then_some((answers, in_flight, peer))))
+        Some((answer, go_on.then_some((answers, in_flight, peer, ready))))
     });
     Box::pin(std::future::ready(Ok(answers.boxed() as Answers)))
 }
@@ -125,14 +326,16 @@ enum Opened {
 }
 
 /// Waits for the next answer; `None` once the stream has ended cleanly.
+/// The held appends the answered request carried are left in `riders`.
 async fn next_answer(
     answers: &mut Opened,
     in_flight: &InFlight,
     peer: &Peer,
     within: Duration,
+    riders: &mut Riders,
 ) -> Option<Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>> {
     loop {
-        let oldest = in_flight.sent.lock().front().copied();
+        let oldest = in_flight.sent.lock().front().map(|sent| sent.at);
         let deadline = tokio::time::sleep_until(oldest.map_or_else(Instant::now, |t| t + within));
         let answer = match answers {
             Opened::Opening(opening, by) => {
@@ -171,7 +374,9 @@ async fn next_answer(
                 )))
             });
         };
-        in_flight.sent.lock().pop_front();
+        if let Some(sent) = in_flight.sent.lock().pop_front() {
+            *riders = sent.riders;
+        }
         in_flight.window.add_permits(1);
         let bytes = match answer {
             Ok(bytes) => bytes,
@@ -193,12 +398,14 @@ async fn next_answer(
     }
 }
 
-/// Held by the answers side: closes the window when it is dropped.
-struct Closing(Arc<InFlight>);
+/// Held by the answers side: when it is dropped, closes the window (the
+/// requests side sends no more) and stops the task reading openraft's requests ([`pump`]).
+struct Closing(Arc<InFlight>, AbortHandle);
 
 impl Drop for Closing {
     fn drop(&mut self) {
         self.0.window.close();
+        self.1.abort();
     }
 }
 
@@ -266,4 +473,150 @@ pub(super) fn serve_stream(
     let ended = futures::stream::once(async move { refused.lock().take() })
         .filter_map(|why| std::future::ready(why.map(Err)));
     answers.chain(ended).boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::stream;
+    use openraft::raft::StreamAppendError;
+    use openraft::EntryPayload;
+
+    use super::*;
+    use crate::raft::{CommittedLeaderId, Entry, Vote};
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(
+            CommittedLeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        )
+    }
+
+    fn id(index: u64) -> Option<LogId> {
+        (index > 0).then(|| log_id(index))
+    }
+
+    /// An append from leader `term` going on from `prev` with the entries
+    /// after it up to `last` (none if `last` is `prev`), and the commit
+    /// index `commit`.
+    fn append(term: u64, prev: u64, last: u64, commit: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(term, 1),
+            prev_log_id: id(prev),
+            entries: (prev + 1..=last)
+                .map(|index| Entry {
+                    log_id: log_id(index),
+                    payload: EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: id(commit),
+        }
+    }
+
+    fn requests(
+        input: Vec<AppendEntriesRequest<TypeConfig>>,
+    ) -> Requests<impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin> {
+        Requests::new(
+            stream::iter(input).chain(stream::pending()),
+            Arc::new(InFlight::new()),
+        )
+    }
+
+    async fn next(
+        requests: &mut Requests<impl Stream<Item = AppendEntriesRequest<TypeConfig>> + Unpin>,
+    ) -> (AppendEntriesRequest<TypeConfig>, Riders) {
+        tokio::time::timeout(Duration::from_secs(5), requests.next_to_send())
+            .await
+            .expect("a request to send within 5 s")
+            .expect("a request to send")
+    }
+
+    #[tokio::test]
+    async fn an_append_without_entries_rides_on_the_next_and_is_answered_from_its_answer() {
+        let mut requests = requests(vec![
+            append(1, 0, 2, 0),
+            append(1, 2, 2, 1),
+            append(1, 2, 2, 2),
+            append(1, 2, 3, 2),
+        ]);
+        let (first, riders) = next(&mut requests).await;
+        assert_eq!((first.entries.len(), riders.count), (2, 0));
+        let (second, riders) = next(&mut requests).await;
+        assert_eq!(second.prev_log_id, id(2));
+        assert_eq!(second.entries.len(), 1);
+        assert_eq!((riders.count, riders.prev), (2, id(2)));
+        // The follower took entry 3 after 2: it matches up to 2.
+        let answers: Vec<_> = riders.answers(&Ok(id(3))).collect();
+        assert_eq!(answers, vec![Ok(id(2)), Ok(id(2))]);
+    }
+
+    #[test]
+    fn riders_are_refused_as_the_append_that_carried_them() {
+        let riders = Riders {
+            count: 1,
+            prev: id(2),
+        };
+        let conflict = Err(StreamAppendError::Conflict(log_id(2)));
+        assert_eq!(
+            riders.answers(&conflict).collect::<Vec<_>>(),
+            vec![conflict]
+        );
+        let higher = Err(StreamAppendError::HigherVote(Vote::new(3, 2)));
+        assert_eq!(riders.answers(&higher).collect::<Vec<_>>(), vec![higher]);
+        // A follower that matched less than the riders' previous entry
+        // (it never does) is reported as it answered, not above it.
+        assert_eq!(
+            riders.answers(&Ok(id(1))).collect::<Vec<_>>(),
+            vec![Ok(id(1))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_held_append_goes_alone_when_nothing_follows_it() {
+        let mut requests = requests(vec![append(1, 2, 2, 2)]);
+        let (held, riders) = next(&mut requests).await;
+        assert_eq!(
+            (held.entries.len(), held.leader_commit, riders.count),
+            (0, id(2), 0)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_held_append_goes_first_when_the_next_cannot_carry_it() {
+        for cannot in [
+            // Another leader.
+            append(2, 2, 3, 2),
+            // Going on from elsewhere.
+            append(1, 1, 3, 2),
+            // A lower commit index.
+            append(1, 2, 3, 1),
+        ] {
+            let mut requests = requests(vec![append(1, 2, 2, 2), cannot.clone()]);
+            let (held, riders) = next(&mut requests).await;
+            assert_eq!((held.entries.len(), riders.count), (0, 0));
+            let (after, riders) = next(&mut requests).await;
+            assert_eq!(
+                (
+                    after.vote,
+                    after.prev_log_id,
+                    after.leader_commit,
+                    riders.count
+                ),
+                (cannot.vote, cannot.prev_log_id, cannot.leader_commit, 0)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_held_append_goes_when_the_input_ends() {
+        let mut requests = Requests::new(
+            stream::iter(vec![append(1, 2, 2, 2)]),
+            Arc::new(InFlight::new()),
+        );
+        let (held, _) = next(&mut requests).await;
+        assert_eq!(held.leader_commit, id(2));
+        assert!(requests.next_to_send().await.is_none());
+    }
 }
