@@ -15,6 +15,12 @@
 //! `madvise` calls per cycle that way, against under one page fault per 100
 //! cycles with mimalloc's own delay. So the delay is 0 while the node
 //! starts, and mimalloc's default from then on.
+//!
+//! What a serving node frees in bulk (a snapshot installed from the leader
+//! replacing its table, a snapshot's bytes once written) then follows that
+//! delay too: it goes back as later allocations get round to it, and a
+//! node that stays idle may keep it resident until it next takes a
+//! snapshot or restarts.
 
 use std::ffi::c_long;
 

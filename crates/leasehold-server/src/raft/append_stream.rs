@@ -7,9 +7,9 @@
 //! that carries streams in order (gRPC: one HTTP/2 stream, `AppendStream` in
 //! `proto/raft.proto`), up to [`APPENDS_IN_FLIGHT`] go out before the first
 //! answer, and the follower's Raft takes them in order and answers each once
-//! it is flushed. When that many are unanswered the session stops reading
-//! requests (back-pressure: what is appended meanwhile goes out as one
-//! bigger request later). The oldest unanswered request must be answered
+//! it is flushed. When that many are unanswered the next request waits for
+//! a place and no more are made (back-pressure: what is appended meanwhile
+//! goes out as one bigger request later; one is made ahead, see [`pump`]). The oldest unanswered request must be answered
 //! within the session's soft deadline, or the stream fails and openraft
 //! starts another (as a single call that is not answered in time does).
 //!
@@ -49,7 +49,7 @@ const OPEN_WITHIN: Duration = Duration::from_millis(500);
 /// An append with no entries waits at most this long for one that can carry
 /// it. A follower learns of a commit this much later when nothing follows;
 /// nothing waits for that but its own applying.
-pub(super) const HOLD_COMMIT_ONLY: Duration = Duration::from_millis(2);
+const HOLD_COMMIT_ONLY: Duration = Duration::from_millis(2);
 
 type Answers = BoxStream<'static, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>;
 
@@ -96,9 +96,11 @@ impl Riders {
     /// What the follower would have answered each of them, given its answer
     /// to the request that carried them. That request went on from the
     /// same previous entry with a commit index no lower, so a follower that
-    /// takes it takes that entry (it matches up to it), and a follower that
-    /// refuses it (a conflict at that entry, a higher vote) would have
-    /// refused them alike.
+    /// takes it has that entry (it matches up to it), and one that refuses
+    /// it for a conflict at that entry would have refused them alike. One
+    /// that refuses it for a higher vote may have taken them before its vote
+    /// rose; they are refused too, which claims nothing it did not do, and
+    /// the session ends at the first refusal either way.
     fn answers(
         self,
         carrier: &StreamAppendResult<TypeConfig>,
@@ -224,8 +226,8 @@ where
 /// stream left part-way through a request and no longer polled (as the
 /// requests side leaves it when a held append's time is up) would keep the
 /// next replication session from starting. Here each request is made to
-/// its end; the task stops when the requests side stops reading or the
-/// answers side is dropped ([`Closing`]).
+/// its end; the task stops when the input ends, when the requests side is
+/// dropped, or when the answers side is ([`Closing`]).
 fn pump<S>(
     mut input: S,
 ) -> (
@@ -399,7 +401,8 @@ async fn next_answer(
 }
 
 /// Held by the answers side: when it is dropped, closes the window (the
-/// requests side sends no more) and stops the task reading openraft's requests ([`pump`]).
+/// requests side sends no more) and stops the task reading openraft's
+/// requests ([`pump`]).
 struct Closing(Arc<InFlight>, AbortHandle);
 
 impl Drop for Closing {
