@@ -274,18 +274,28 @@ pub fn wait_until(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) 
 
 /// Waits until a process just started says it is `ready`, or panics after
 /// `limit` with the end of what it printed (why it did not start).
-fn wait_for_start(process: &Process, limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+fn wait_for_start(
+    process: &mut Process,
+    limit: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) {
     let start = Instant::now();
     while !ready() {
-        if start.elapsed() >= limit {
-            let output = process.output();
-            let lines: Vec<&str> = output.lines().collect();
-            panic!(
-                "timed out after {limit:?} waiting for {what}; the end of its log:\n{}",
-                lines[lines.len().saturating_sub(30)..].join("\n")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+        let why = if let Some(status) = process.wait_exit(Duration::ZERO) {
+            format!("it exited ({status}) while waiting for {what}")
+        } else if start.elapsed() >= limit {
+            format!("timed out after {limit:?} waiting for {what}")
+        } else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        };
+        let output = process.output();
+        let lines: Vec<&str> = output.lines().collect();
+        panic!(
+            "{why}; the end of its log:\n{}",
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        );
     }
 }
 
@@ -440,14 +450,14 @@ impl RedisServer {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let process = Process::spawn(
+        let mut process = Process::spawn(
             Path::new("redis-server"),
             &args,
             &dir.path().join("redis.log"),
         );
         let addr = format!("127.0.0.1:{port}");
         wait_for_start(
-            &process,
+            &mut process,
             Duration::from_secs(10),
             "redis-server to listen",
             || listening(&addr),
@@ -496,10 +506,13 @@ impl EtcdServer {
             "--initial-cluster".into(),
             format!("test=http://127.0.0.1:{peer}"),
         ];
-        let process = Process::spawn(Path::new("etcd"), &args, &dir.path().join("etcd.log"));
-        wait_for_start(&process, Duration::from_secs(30), "etcd to answer", || {
-            http_get(&addr, "/health").is_some_and(|b| b.contains("true"))
-        });
+        let mut process = Process::spawn(Path::new("etcd"), &args, &dir.path().join("etcd.log"));
+        wait_for_start(
+            &mut process,
+            Duration::from_secs(30),
+            "etcd to answer",
+            || http_get(&addr, "/health").is_some_and(|b| b.contains("true")),
+        );
         EtcdServer {
             process,
             addr,
@@ -510,5 +523,29 @@ impl EtcdServer {
     /// `etcd://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("etcd://{}", self.addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_that_exits_before_it_is_ready_is_reported_at_once_with_its_log() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let args = vec!["-c".to_string(), "echo cannot bind; exit 3".to_string()];
+        let mut process = Process::spawn(Path::new("sh"), &args, &dir.path().join("sh.log"));
+        let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for_start(
+                &mut process,
+                Duration::from_secs(600),
+                "it to listen",
+                || false,
+            )
+        }));
+        let panic = waited.expect_err("a process that exited is never ready");
+        let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(message.contains("exited"), "{message}");
+        assert!(message.contains("cannot bind"), "{message}");
     }
 }
