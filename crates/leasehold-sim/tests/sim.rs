@@ -330,6 +330,18 @@ fn regression_seed_6820_a_node_whose_raft_stopped_restarts() {
     assert!(report.passed(), "{:#?}", report.verdict.violations);
 }
 
+/// Runs each seed (3 nodes) and fails naming the first that does not pass.
+fn assert_seeds_pass(seeds: &[u64]) {
+    for &seed in seeds {
+        let report = run(&Config::seed(seed));
+        assert!(
+            report.passed(),
+            "seed {seed}: {:#?}",
+            report.verdict.violations
+        );
+    }
+}
+
 /// Seeds 930 and 6706 found stale reads: a leader crashed and came back on
 /// its own persisted vote, leading again at once (openraft 0.9 restores such
 /// a leader), and answered a read from a state machine that lacked entries
@@ -338,14 +350,7 @@ fn regression_seed_6820_a_node_whose_raft_stopped_restarts() {
 /// the leadership's first tick is applied.
 #[test]
 fn regression_seeds_930_and_6706_a_restarted_leader_reads_nothing_stale() {
-    for seed in [930, 6706] {
-        let report = run(&Config::seed(seed));
-        assert!(
-            report.passed(),
-            "seed {seed}: {:#?}",
-            report.verdict.violations
-        );
-    }
+    assert_seeds_pass(&[930, 6706]);
 }
 
 /// Seeds 8 and 26 found replication to a follower stopped for good once one
@@ -358,14 +363,7 @@ fn regression_seeds_930_and_6706_a_restarted_leader_reads_nothing_stale() {
 /// each to its end, and stops with the stream's answers.
 #[test]
 fn regression_seeds_8_and_26_replication_resumes_after_a_stream_stalls() {
-    for seed in [8, 26] {
-        let report = run(&Config::seed(seed));
-        assert!(
-            report.passed(),
-            "seed {seed}: {:#?}",
-            report.verdict.violations
-        );
-    }
+    assert_seeds_pass(&[8, 26]);
 }
 
 /// Seed 5577 found two clients believing they held one key: a client's wait
