@@ -275,14 +275,7 @@ async fn a_member_that_only_voted_before_a_restart_joins_the_cluster() {
     // the group (no log, no snapshot, no cluster id).
     c.kill(follower);
     let dir = c.nodes[follower].data_dir().to_path_buf();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        match path.file_name().and_then(|n| n.to_str()) {
-            Some("vote" | "format") => {}
-            _ if path.is_dir() => std::fs::remove_dir_all(&path).unwrap(),
-            _ => std::fs::remove_file(&path).unwrap(),
-        }
-    }
+    keep_only_the_vote(&dir);
     c.restart(follower);
     let leader = c.wait_leader();
     let addr = c.nodes[leader].addr.clone();
@@ -301,6 +294,137 @@ async fn a_member_that_only_voted_before_a_restart_joins_the_cluster() {
     });
     let output = c.nodes[follower].output();
     assert!(!output.contains("refused a raft call"), "{output}");
+}
+
+/// Leaves in a stopped node's data dir its vote and nothing else of the
+/// group (no log, no snapshot, no cluster id): the dir of a member that
+/// voted for the first candidate and got none of its entries.
+fn keep_only_the_vote(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        match path.file_name().and_then(|n| n.to_str()) {
+            Some("vote" | "format") => {}
+            _ if path.is_dir() => std::fs::remove_dir_all(&path).unwrap(),
+            _ => std::fs::remove_file(&path).unwrap(),
+        }
+    }
+}
+
+/// The lowest id loses its data while forming the group, before its first
+/// entries reached the others, which hold only their votes for it: started
+/// again, it forms the group again (the others' votes are no group), where
+/// it used to wait, with the others, for a leader that would never come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowest_id_that_lost_its_data_before_its_first_entries_forms_the_group_again() {
+    let _serial = common::serial().await;
+    let mut c = Cluster::start(3);
+    c.wait_leader();
+    for i in 0..3 {
+        c.kill(i);
+    }
+    let _ = std::fs::remove_dir_all(c.nodes[0].data_dir());
+    for i in 1..3 {
+        keep_only_the_vote(c.nodes[i].data_dir());
+        c.restart(i);
+    }
+    // The others answer before the lowest id starts, so it asks them.
+    for i in 1..3 {
+        let addr = c.nodes[i].addr.clone();
+        wait_until(Duration::from_secs(20), "a member to answer", || {
+            health(&addr).is_object()
+        });
+    }
+    c.restart(0);
+    let addr = leader_addr(&c);
+    let (s, r) = common::post(&addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 60_000})).await;
+    assert_eq!(s, 200, "{r}");
+    let applied = health(&addr)["last_applied"].as_u64().unwrap_or(0);
+    for node in &c.nodes {
+        wait_until(Duration::from_secs(20), "every member to catch up", || {
+            health(&node.addr)["last_applied"].as_u64().unwrap_or(0) >= applied
+        });
+        let output = node.output();
+        assert!(!output.contains("refused a raft call"), "{output}");
+    }
+}
+
+/// The same lowest id, but one of the others holds the group (its entries)
+/// and does not answer, and the other holds only a vote: the lowest id
+/// forms nothing (the vote shows an election took place, so the silent one
+/// may hold the group's state) until that one is back, whose group then
+/// brings it back with every lock it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lowest_id_that_lost_its_data_forms_nothing_while_a_member_that_may_hold_the_group_is_silent(
+) {
+    let _serial = common::serial().await;
+    let mut c = Cluster::start(3);
+    let addr = leader_addr(&c);
+    let (s, held) =
+        common::post(&addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 600_000})).await;
+    assert_eq!(s, 200, "{held}");
+    let applied = health(&addr)["last_applied"].as_u64().unwrap_or(0);
+    wait_until(
+        Duration::from_secs(20),
+        "every member to apply the grant",
+        || {
+            c.nodes
+                .iter()
+                .all(|n| health(&n.addr)["last_applied"].as_u64().unwrap_or(0) >= applied)
+        },
+    );
+    for i in 0..3 {
+        c.kill(i);
+    }
+    let _ = std::fs::remove_dir_all(c.nodes[0].data_dir());
+    keep_only_the_vote(c.nodes[2].data_dir());
+    c.restart(2);
+    let voted = c.nodes[2].addr.clone();
+    wait_until(
+        Duration::from_secs(20),
+        "the member that voted to answer",
+        || health(&voted).is_object(),
+    );
+    c.restart(0);
+    let first = c.nodes[0].addr.clone();
+    wait_until(Duration::from_secs(20), "the lowest id to answer", || {
+        health(&first).is_object()
+    });
+    // Past a few of its probes and an election's time: no group of the two.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        c.leader().is_none(),
+        "a group formed without the member that holds it"
+    );
+    let output = c.nodes[0].output();
+    assert!(
+        output.contains("forming no group until every member answers"),
+        "{output}"
+    );
+    // The one that voted goes silent too: the vote it showed still counts.
+    c.kill(2);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let formed = c.nodes[0].data_dir().join("cluster");
+    assert!(
+        !formed.exists(),
+        "a group formed while every other member was silent"
+    );
+    c.restart(2);
+    c.restart(1);
+    let addr = leader_addr(&c);
+    let (s, lock) = get(&addr, "/v1/locks/k").await;
+    assert_eq!(s, 200, "{lock}");
+    assert_eq!(lock["holders"][0]["fence"], held["fence"], "{lock} {held}");
+    let id = std::fs::read_to_string(c.nodes[1].data_dir().join("cluster")).unwrap();
+    for node in &c.nodes {
+        wait_until(
+            Duration::from_secs(20),
+            "every member to rejoin the group",
+            || {
+                std::fs::read_to_string(node.data_dir().join("cluster"))
+                    .is_ok_and(|mine| mine == id)
+            },
+        );
+    }
 }
 
 /// A fourth node joins as a learner, catches up and becomes a voter; the

@@ -80,12 +80,34 @@ impl ClusterId {
         state.may_adopt = state.id.is_none();
     }
 
-    /// Makes a new random id for a group this node forms, unless it has one.
-    pub fn make_for_new_group(&self) -> io::Result<()> {
+    /// Makes a new random id for a group this node forms, unless it has one;
+    /// the id made, if it made one.
+    pub fn make_for_new_group(&self) -> io::Result<Option<u64>> {
         let mut state = self.state.lock();
-        if state.id.is_none() {
-            self.keep(&mut state, rand::random())?;
+        if state.id.is_some() {
+            return Ok(None);
         }
+        let id = rand::random();
+        self.keep(&mut state, id)?;
+        Ok(Some(id))
+    }
+
+    /// Takes back `made`, the id [`ClusterId::make_for_new_group`] made for
+    /// a group openraft then refused to form (this node had meanwhile voted
+    /// in another's election): the first leader's id is adopted instead.
+    pub fn unmake(&self, made: u64) -> io::Result<()> {
+        let mut state = self.state.lock();
+        if state.id != Some(made) {
+            return Ok(());
+        }
+        if let Some(path) = self.file.lock().as_ref() {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        state.id = None;
+        state.may_adopt = true;
         Ok(())
     }
 
@@ -244,14 +266,24 @@ mod tests {
         let a = ClusterId::default();
         a.load(dir.path()).unwrap();
         assert_eq!(a.get(), None);
-        a.make_for_new_group().unwrap();
-        let made = a.get().expect("an id");
+        let made = a.make_for_new_group().unwrap().expect("an id made");
+        assert_eq!(a.get(), Some(made));
         let b = ClusterId::default();
         b.load(dir.path()).unwrap();
         assert_eq!(b.get(), Some(made));
         // A second group is not made over the first.
-        b.make_for_new_group().unwrap();
+        assert_eq!(b.make_for_new_group().unwrap(), None);
         assert_eq!(b.get(), Some(made));
+        // Taken back (openraft refused to form the group): gone from the
+        // data dir, and the first leader's id is adopted.
+        b.unmake(made).unwrap();
+        assert_eq!(b.get(), None);
+        assert!(!dir.path().join(FILE).exists());
+        b.check(Some(7), true).expect("adopted");
+        assert_eq!(b.get(), Some(7));
+        // Only the id it made is taken back.
+        b.unmake(made).unwrap();
+        assert_eq!(b.get(), Some(7));
 
         std::fs::write(dir.path().join(FILE), "cluster xyz\n").unwrap();
         let err = ClusterId::default().load(dir.path()).unwrap_err();

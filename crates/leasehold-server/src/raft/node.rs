@@ -8,7 +8,16 @@
 //!
 //! Forming a group: a node whose log is empty initializes the group only if
 //! it is the single member, or the lowest id of the initial voters and no
-//! peer answers that it already belongs to an initialized group. Every other
+//! peer answers that it already belongs to a group (holds a log entry or a
+//! snapshot). A vote alone is no group (a peer that voted for the first
+//! candidate and got none of its entries before the lowest id lost its
+//! data, or a wiped peer the leader is rebuilding), but it shows an
+//! election took place: then every peer must answer before the group is
+//! formed, since one that does not may hold the group, and the lowest id
+//! asks again every second. While no peer that answers has voted (a first
+//! start), one that does not answer counts as holding nothing, so a group
+//! forms with a member still down. All of this asks only the initial
+//! voters (`--peers`): it assumes they still hold the group. Every other
 //! node waits to be contacted by a leader. A node restarted on its data dir
 //! rejoins with what the dir records; a wiped member is brought back by the
 //! leader (log or snapshot), not by a second initialization.
@@ -65,6 +74,26 @@ impl Default for RaftOptions {
             hash_check_every: 100_000,
         }
     }
+}
+
+/// How often a node that may form the group asks its peers again while
+/// one that voted holds no entry and another does not answer.
+const FORM_RETRY: Duration = Duration::from_secs(1);
+
+/// What the other initial voters say about forming the group.
+enum Forming {
+    /// No peer holds an entry or a snapshot, and none that does can hide
+    /// among those that did not answer: form it.
+    Go,
+    /// This peer belongs to the group already.
+    Exists(NodeId),
+    /// Peer `voted` voted in term `term` and holds no entry, and `silent`
+    /// did not answer: it may hold the group's state.
+    Unsure {
+        voted: NodeId,
+        term: u64,
+        silent: NodeId,
+    },
 }
 
 /// Who a node is, and the voters of the group it forms if it is new.
@@ -263,7 +292,14 @@ impl Consensus {
             .await
             .context("read raft state")?
         {
-            tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
+            if log_empty {
+                tracing::info!(
+                    id = spec.id,
+                    "this node holds a vote and no entry: waiting for a leader to contact it"
+                );
+            } else {
+                tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
+            }
             return Ok(());
         }
         let lowest = spec.members.keys().next().copied();
@@ -271,22 +307,102 @@ impl Consensus {
             tracing::info!(id = spec.id, "new node: waiting for a leader to contact it");
             return Ok(());
         }
-        for (&id, addr) in spec.members.iter().filter(|(&id, _)| id != spec.id) {
-            if self.probe(id, addr).await.is_some_and(|p| p.initialized) {
+        match self.may_form(spec, None).await {
+            Forming::Go => self.initialize_group(spec).await,
+            Forming::Exists(peer) => {
                 tracing::warn!(
                     id = spec.id,
-                    peer = id,
+                    peer,
                     "this node's data dir is empty but its peers already form a group: not initializing; the leader will bring it back"
                 );
-                return Ok(());
+                Ok(())
+            }
+            Forming::Unsure {
+                voted,
+                term,
+                silent,
+            } => {
+                tracing::warn!(
+                    id = spec.id,
+                    voted,
+                    term,
+                    silent,
+                    "empty data dir, a peer voted but holds no entry, and a silent one may hold the group: forming no group until every member answers"
+                );
+                tokio::spawn(
+                    self.clone()
+                        .form_once_every_member_answers(spec.clone(), (voted, term)),
+                );
+                Ok(())
             }
         }
+    }
+
+    /// What the other initial voters say about forming the group.
+    ///
+    /// A peer belongs to a group if it holds an entry or a snapshot; a vote
+    /// alone is no group. But a vote shows that an election took place, so
+    /// the group may hold state on a peer that does not answer: then nothing
+    /// is formed. `election`: a vote seen by an earlier round of probes
+    /// (`(voter, term)`), still evidence when that peer is silent now.
+    async fn may_form(&self, spec: &NodeSpec, election: Option<(NodeId, u64)>) -> Forming {
+        let (mut voted, mut silent) = (election, None);
+        for (&id, addr) in spec.members.iter().filter(|(&id, _)| id != spec.id) {
+            match self.probe(id, addr).await {
+                Some(p) if p.initialized => return Forming::Exists(id),
+                Some(p) if p.term > 0 => voted = voted.or(Some((id, p.term))),
+                Some(_) => {}
+                None => silent = silent.or(Some(id)),
+            }
+        }
+        match (voted, silent) {
+            (Some((voted, term)), Some(silent)) => Forming::Unsure {
+                voted,
+                term,
+                silent,
+            },
+            _ => Forming::Go,
+        }
+    }
+
+    /// Asks the peers again every [`FORM_RETRY`] until every one answers
+    /// (then forms the group if none holds one), until one holds the group,
+    /// or until this node is in one (a leader's entries, or a vote it cast
+    /// in an election) or stops. `election`: the vote that made it wait.
+    async fn form_once_every_member_answers(self, spec: NodeSpec, election: (NodeId, u64)) {
+        loop {
+            tokio::time::sleep(FORM_RETRY).await;
+            if !matches!(self.raft.is_initialized().await, Ok(false)) {
+                return;
+            }
+            match self.may_form(&spec, Some(election)).await {
+                Forming::Go => {
+                    if let Err(e) = self.initialize_group(&spec).await {
+                        tracing::error!(error = %format!("{e:#}"), "forming the group failed");
+                    }
+                    return;
+                }
+                Forming::Exists(peer) => {
+                    tracing::info!(
+                        id = spec.id,
+                        peer,
+                        "a peer holds the group: waiting for its leader"
+                    );
+                    return;
+                }
+                Forming::Unsure { .. } => {}
+            }
+        }
+    }
+
+    async fn initialize_group(&self, spec: &NodeSpec) -> anyhow::Result<()> {
         let members: BTreeMap<NodeId, BasicNode> = spec
             .members
             .iter()
             .map(|(&id, addr)| (id, BasicNode { addr: addr.clone() }))
             .collect();
-        cluster
+        let cluster = &self.shared.context.cluster;
+        let made = cluster
             .make_for_new_group()
             .context("keep the new cluster's id in the data dir")?;
         match self.raft.initialize(members).await {
@@ -295,7 +411,15 @@ impl Consensus {
                 members = ?spec.members,
                 "initialized a new group"
             ),
-            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            // It voted in another's election meanwhile: that leader's id is
+            // the one to take.
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+                if let Some(made) = made {
+                    cluster
+                        .unmake(made)
+                        .context("take back the cluster id of a group not formed")?;
+                }
+            }
             Err(e) => return Err(e).context("initialize raft group"),
         }
         Ok(())

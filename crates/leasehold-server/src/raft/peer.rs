@@ -155,7 +155,8 @@ pub type AnswerStream = futures::stream::BoxStream<'static, Result<Vec<u8>, Tran
 /// What a node says of itself to a peer forming a group.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProbeReply {
-    /// Whether it belongs to an initialized group.
+    /// Whether it belongs to a group: it holds a log entry or a snapshot
+    /// (a vote alone does not count).
     pub initialized: bool,
     /// Its current term.
     pub term: u64,
@@ -254,10 +255,18 @@ pub(super) async fn serve(
             encode(&raft.handle_transfer_leader(rpc).await)
         }
         PeerCall::Probe => {
-            let initialized = raft.is_initialized().await.map_err(|e| e.to_string())?;
             let m = raft.metrics().borrow_watched().clone();
+            // A node whose Raft stopped is not up, whatever it holds.
+            m.running_state.as_ref().map_err(|e| e.to_string())?;
             encode(&ProbeReply {
-                initialized,
+                // An entry or a snapshot, not only a vote: a node that voted
+                // for the first candidate and got none of its entries holds
+                // none of the group's state (openraft's `is_initialized`
+                // counts the vote; the term says it voted). The metrics hold
+                // the loaded state: starting a node waits for its Raft's
+                // `is_initialized`, which its core answers after publishing
+                // them, before the peer service is started.
+                initialized: m.last_log_index.is_some(),
                 term: m.current_term,
                 leader: m.current_leader,
             })
