@@ -16,7 +16,9 @@ const MAX_IDLE: Duration = Duration::from_millis(500);
 /// Runs until `shutdown` resolves.
 pub async fn run(consensus: Consensus, shutdown: impl std::future::Future<Output = ()>) {
     tokio::pin!(shutdown);
+    let mut leading = consensus.leading();
     loop {
+        leading.borrow_and_update();
         let wait = match consensus.now() {
             None => None,
             Some(now) => match consensus.read_local(|t| t.next_deadline()).await {
@@ -32,10 +34,16 @@ pub async fn run(consensus: Consensus, shutdown: impl std::future::Future<Output
                 None => Some(MAX_IDLE),
             },
         };
+        // What is applied moves the next deadline only on the leader; a
+        // follower waits for leadership alone.
         tokio::select! {
             _ = &mut shutdown => return,
-            _ = consensus.hub().applied.notified() => {}
-            _ = consensus.role_changed(), if wait.is_none() => {}
+            _ = consensus.hub().applied.notified(), if wait.is_some() => {}
+            changed = leading.changed() => if changed.is_err() {
+                // Never: `consensus` holds the sender. Were it gone, waiting
+                // on it again would spin.
+                std::future::pending::<()>().await;
+            },
             _ = tokio::time::sleep(wait.unwrap_or(MAX_IDLE)) => {}
         }
     }

@@ -61,6 +61,12 @@ impl LeaderClock {
     }
 }
 
+/// How often a node looks, within a lease, whether a quorum still answers
+/// it: a leader cut off from every quorum stops serving about this
+/// fraction of a lease late (plus the age of openraft's last report of
+/// its quorum's answers).
+const CHECKS_PER_LEASE: u32 = 8;
+
 /// The epoch a new leadership stamps on its commands: above every epoch
 /// applied so far, so its first command gives every lease its full TTL again.
 ///
@@ -88,15 +94,30 @@ impl Consensus {
     /// Clients are told `not_leader` and look elsewhere. If acks come back in
     /// the same term it serves again under the same epoch, so nothing is
     /// restamped.
+    ///
+    /// It wakes when the role, vote or membership changes (openraft's server
+    /// metrics), and [`CHECKS_PER_LEASE`] times a lease to see whether a
+    /// quorum still answers. openraft's full metrics change on every append
+    /// and apply, and waking on each cost every node a poll per entry; it
+    /// wakes on them only when they do not yet show the role the server
+    /// metrics show, and while it leads without serving for want of a
+    /// quorum, to serve again the moment one answers.
     pub(super) async fn follow_leadership(self, me: NodeId, lease: Duration) {
+        let mut server = self.raft.server_metrics();
         let mut metrics = self.raft.metrics();
         let mut last_state = None;
         let mut last_leader = None;
         let mut quorum_acked = None::<Duration>;
         let mut serving = None::<(u64, u64)>; // (term, epoch) last armed
-        let mut check = tokio::time::interval(lease / 4);
+        let mut check = tokio::time::interval(lease / CHECKS_PER_LEASE);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // The server metrics first: openraft sends them just before the
+            // full metrics, which may not show the same role yet (below).
+            let (server_state, server_leader) = {
+                let m = server.borrow_and_update();
+                (m.state, m.current_leader)
+            };
             let (state, term, leader, since_ack, alone) = {
                 let m = metrics.borrow_and_update();
                 let voters = m.membership_config.membership().voter_ids().count();
@@ -189,9 +210,17 @@ impl Consensus {
                     }
                 }
             }
-            tokio::select! {
-                changed = metrics.changed() => if changed.is_err() { return },
-                _ = check.tick() => {}
+            let lapsed = leads && !fresh;
+            let behind = (server_state, server_leader) != (state, leader);
+            let stopped = tokio::select! {
+                changed = server.changed() => changed.is_err(),
+                changed = metrics.changed(), if lapsed || behind => changed.is_err(),
+                _ = check.tick() => false,
+            };
+            if stopped {
+                // The Raft core is gone: this node proposes nothing more.
+                self.set_leader_clock(None);
+                return;
             }
         }
     }
@@ -202,6 +231,9 @@ impl Consensus {
 
     fn set_leader_clock(&self, clock: Option<LeaderClock>) {
         *self.leader.lock() = clock;
+        let armed = clock.is_some();
+        self.armed
+            .send_if_modified(|was| std::mem::replace(was, armed) != armed);
     }
 
     /// The leader's current time, if this node leads.

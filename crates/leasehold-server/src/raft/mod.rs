@@ -170,6 +170,8 @@ pub struct Consensus {
     clock: Arc<dyn Clock>,
     /// Set while this node leads; the stamp of every proposal comes from it.
     leader: Arc<Mutex<Option<leadership::LeaderClock>>>,
+    /// Whether `leader` is set, for those that wait for it to change.
+    armed: Arc<tokio::sync::watch::Sender<bool>>,
     proposals: batch::Lanes,
     /// Carries this node's calls to its peers (probes; openraft holds its own handle).
     transport: Arc<dyn peer::Transport>,
@@ -250,31 +252,32 @@ impl Consensus {
         &self.shared.hub
     }
 
-    /// Waits until this node's role may have changed; never returns once
-    /// the Raft node has stopped (its role cannot change again).
-    pub async fn role_changed(&self) {
-        let mut metrics = self.raft.metrics();
-        // A clone of openraft's receiver carries the version that receiver
-        // last saw, which nothing updates: without marking the current value
-        // seen, `changed` answers at once and the caller spins (a follower's
-        // expiry driver took half a core).
-        metrics.borrow_and_update();
-        if metrics.changed().await.is_err() {
-            // Stopped: answering at once would spin every caller's loop.
-            std::future::pending::<()>().await;
-        }
+    /// Whether this node stamps proposals as leader, watched: it changes
+    /// when its leader clock is armed or cleared (`now` turns `Some` or
+    /// `None`). The node's role and its metrics change far more often (on
+    /// every append and apply), and waking on those cost a follower a poll
+    /// per entry for nothing.
+    pub fn leading(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.armed.subscribe()
     }
 
     /// Waits until the Raft node stops, and says why.
+    ///
+    /// Watches openraft's server metrics, which change with the role, vote
+    /// or membership only, and close when its core is gone; its full metrics
+    /// change on every append and apply, and each change woke this waiter.
     pub async fn stopped(&self) -> String {
-        let mut metrics = self.raft.metrics();
+        let mut server = self.raft.server_metrics();
         loop {
-            let state = metrics.borrow_and_update().running_state.clone();
-            if let Err(fatal) = state {
+            if let Err(fatal) = &self.raft.metrics().borrow_watched().running_state {
                 return fatal.to_string();
             }
-            if metrics.changed().await.is_err() {
-                return "the raft core is gone".into();
+            if server.changed().await.is_err() {
+                // The core is gone; its last report says why.
+                return match &self.raft.metrics().borrow_watched().running_state {
+                    Err(fatal) => fatal.to_string(),
+                    Ok(()) => "the raft core is gone".into(),
+                };
             }
         }
     }
@@ -351,7 +354,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_stopped_node_says_so_and_its_role_waits_forever() {
+    async fn a_node_shows_it_leads_and_once_stopped_says_so_and_waits_forever() {
         let dir = tempfile::tempdir().expect("tempdir");
         let consensus = Consensus::start(
             dir.path(),
@@ -362,13 +365,26 @@ mod tests {
         )
         .await
         .expect("start");
+        // A single node leads at once, and those watching see it armed.
+        let mut leading = consensus.leading();
+        tokio::time::timeout(Duration::from_secs(5), leading.wait_for(|armed| *armed))
+            .await
+            .expect("the node leads within 5 s")
+            .expect("the node is still there");
+        assert!(consensus.now().is_some());
         consensus.shutdown().await;
         let why = tokio::time::timeout(Duration::from_secs(5), consensus.stopped())
             .await
             .expect("stopped answers once the node has stopped");
         assert!(!why.is_empty());
-        // Answering at once would make every loop over it spin.
-        let changed = tokio::time::timeout(Duration::from_millis(200), consensus.role_changed());
+        // It stamps nothing more once stopped, and then its watch stays
+        // still: answering at once would make every loop over it spin.
+        tokio::time::timeout(Duration::from_secs(5), leading.wait_for(|armed| !*armed))
+            .await
+            .expect("the stopped node is no longer armed within 5 s")
+            .expect("the node is still there");
+        assert!(consensus.now().is_none());
+        let changed = tokio::time::timeout(Duration::from_millis(200), leading.changed());
         assert!(changed.await.is_err());
     }
 }

@@ -238,6 +238,7 @@ impl Consensus {
             shared,
             clock,
             leader: Arc::new(Mutex::new(None)),
+            armed: Arc::new(tokio::sync::watch::Sender::new(false)),
             proposals,
             transport,
             heard,
