@@ -37,6 +37,7 @@ def build_floor(tmp):
 
 class Floor:
     def __init__(self, exe, n, tmp):
+        self.exe = exe
         self.procs = []
         followers = []
         for i in range(n - 1):
@@ -51,8 +52,8 @@ class Floor:
         self.addr = f"127.0.0.1:{port}"
         time.sleep(0.3)
 
-    def run(self, exe, clients, seconds):
-        out = subprocess.run([exe, "client", self.addr, str(clients), str(seconds)],
+    def run(self, clients, seconds):
+        out = subprocess.run([self.exe, "client", self.addr, str(clients), str(seconds)],
                              capture_output=True, text=True, check=True)
         r = json.loads(out.stdout)
         return r["ops_per_sec"], r["p50_us"] / 1000
@@ -70,10 +71,9 @@ class Leaseholdd:
             log = open(os.path.join(tmp, "single.log"), "ab")
             self.procs = [subprocess.Popen([failover.BIN, "--listen", self.addrs[0], "--data-dir",
                                             tempfile.mkdtemp(dir=tmp)], stdout=log, stderr=log)]
-            self.cluster = None
         else:
-            self.cluster = failover.Cluster(n, tempfile.mkdtemp(dir=tmp))
-            self.addrs, self.procs = self.cluster.addrs, self.cluster.procs
+            cluster = failover.Cluster(n, tempfile.mkdtemp(dir=tmp))
+            self.addrs, self.procs = cluster.addrs, cluster.procs
         deadline = time.monotonic() + 20
         while not any(self.leads(a) for a in self.addrs):
             if time.monotonic() > deadline:
@@ -109,23 +109,27 @@ def main():
     ap.add_argument("--clients", default="1,50")
     args = ap.parse_args()
     cells = [int(c) for c in args.clients.split(",")]
+    for b in (failover.BIN, failover.CLI):
+        if not os.path.exists(b):
+            raise SystemExit("build first: cargo build --release --bin leaseholdd --bin leasehold")
     tmp = tempfile.mkdtemp(prefix="leasehold-floor-")
     started = []
     try:
         exe = build_floor(tmp)
-        servers = {"leaseholdd": {1: Leaseholdd(1, tmp), 3: Leaseholdd(3, tmp)}}
-        started += servers["leaseholdd"].values()
+        for n in (1, 3):
+            started.append(Leaseholdd(n, tmp))
+        leaseholdd = {1: started[0], 3: started[1]}
         results = {}
         for r in range(args.rounds):
             for clients in cells:
                 for n in (1, 3):
                     floor = Floor(exe, n, tmp)
                     try:
-                        results.setdefault(("floor", clients, n), []).append(floor.run(exe, clients, args.seconds))
+                        results.setdefault(("floor", clients, n), []).append(floor.run(clients, args.seconds))
                     finally:
                         floor.stop()
                     results.setdefault(("leaseholdd", clients, n), []).append(
-                        servers["leaseholdd"][n].run(clients, args.seconds))
+                        leaseholdd[n].run(clients, args.seconds))
                 for name in ("floor", "leaseholdd"):
                     for n in (1, 3):
                         ops, p50 = results[(name, clients, n)][-1]
