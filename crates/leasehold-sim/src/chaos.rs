@@ -638,6 +638,9 @@ pub fn run(config: &ChaosConfig, client_bin: &Path) -> anyhow::Result<ChaosRepor
         // Keep the nodes' and clients' logs, with the history beside them.
         let history: String = records.iter().map(|r| format!("{r}\n")).collect();
         std::fs::write(dir.path().join("history.txt"), history)?;
+        for n in &run.cluster.nodes {
+            std::fs::write(dir.path().join(format!("node-{}.log", n.id)), n.output())?;
+        }
         drop(run);
         Some(dir.keep())
     };
