@@ -330,7 +330,8 @@ async fn idle(activity: &Activity, limit: Duration) {
 
 /// Serves one connection: TLS first if it opens with a handshake (and the
 /// node has TLS); inside, the framed protocol if its first byte is the
-/// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise. When clients
+/// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise. A peer's
+/// framed stream of appends (`raft::framed`) comes without TLS only. When clients
 /// must use TLS, a plaintext connection is closed at once.
 pub async fn serve(
     stream: TcpStream,
@@ -356,6 +357,7 @@ pub async fn serve(
     }
     let must_tls = tls.as_ref().is_some_and(|t| t.clients_need_tls());
     let from = stream.peer_addr().ok();
+    let peers_need_certificates = tls.as_ref().is_some_and(|t| t.peers_need_certificates());
     let Some(tls) = tls.filter(|_| first[0] == crate::tls::HANDSHAKE) else {
         if must_tls {
             PLAINTEXT.note(
@@ -379,6 +381,18 @@ pub async fn serve(
                 stop,
             )
             .await;
+        }
+        if first[0] == crate::raft::framed::HELLO[0] {
+            let serving = service.consensus().serve_framed(
+                stream,
+                peers_need_certificates,
+                limits.header_timeout,
+            );
+            tokio::select! {
+                () = serving => {}
+                _ = crate::shutdown::stopped(&mut stop) => {}
+            }
+            return;
         }
         if first[0] == leasehold_proto::frame::PREAMBLE[0] {
             let (read, write) = stream.into_split();

@@ -25,6 +25,7 @@
 //! | `leasehold_leader_changes_total` | counter | times this node saw a new leader |
 //! | `leasehold_raft_replication_lag{peer}` | gauge | on the leader: entries each member is behind |
 //! | `leasehold_raft_snapshot_chunks_sent_total` | counter | snapshot chunks sent to peers (a member catching up from a snapshot) |
+//! | `leasehold_raft_append_streams_total{transport}` | counter | on a leader: streams of appends opened to peers, `framed` or `grpc` (with peer certificates, or to a member of an earlier build) |
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -97,6 +98,15 @@ pub struct Metrics {
     lag: Family<PeerLabel, Gauge>,
     /// Snapshot chunks sent to peers; the peer network counts them.
     pub snapshot_chunks: Counter,
+    /// Streams of appends opened to peers, by transport; the peer
+    /// transport counts them.
+    pub append_streams: Family<TransportLabel, Counter>,
+}
+
+/// How a stream of appends goes to a peer: `framed` or `grpc`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransportLabel {
+    pub transport: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -130,6 +140,7 @@ impl Default for Metrics {
             leader_changes: Counter::default(),
             lag: Family::default(),
             snapshot_chunks: Counter::default(),
+            append_streams: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -233,6 +244,11 @@ impl Default for Metrics {
             "leasehold_raft_snapshot_chunks_sent",
             "Snapshot chunks sent to peers",
             m.snapshot_chunks.clone(),
+        );
+        r.register(
+            "leasehold_raft_append_streams",
+            "On a leader: streams of appends opened to peers, by transport",
+            m.append_streams.clone(),
         );
         m
     }

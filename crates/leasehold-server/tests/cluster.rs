@@ -182,6 +182,13 @@ async fn followers_catch_up_and_a_full_restart_keeps_every_lock() {
     );
     let commit = metric(&metrics, "leasehold_raft_commit_index");
     assert!(commit >= target, "commit index {commit} below {target}");
+    // Without peer certificates, appends go framed, not over gRPC.
+    let streams = |transport: &str| {
+        let name = format!("leasehold_raft_append_streams_total{{transport=\"{transport}\"}}");
+        metric(&metrics, &name)
+    };
+    assert!(streams("framed") >= 2, "{metrics}");
+    assert_eq!(streams("grpc"), 0, "{metrics}");
 
     for i in 0..3 {
         c.kill(i);

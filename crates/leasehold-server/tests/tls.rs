@@ -10,7 +10,7 @@ use std::time::Duration;
 use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
 use leasehold_proto::raft::PeerMessage;
 use leasehold_testkit::pki::{Ca, Issued};
-use leasehold_testkit::{http_get, wait_until, workspace_bin, Cluster};
+use leasehold_testkit::{http_get, metric, wait_until, workspace_bin, Cluster};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::Vote;
 use serde_json::{json, Value};
@@ -58,6 +58,15 @@ async fn a_cluster_forms_replicates_and_fails_over_over_mutual_tls() {
         let members = view["members"].as_array().cloned().unwrap_or_default();
         members.len() == 3 && members.iter().all(|m| m["lag"].as_u64() == Some(0))
     });
+    // With peer certificates, appends go over gRPC's mutual TLS, never
+    // framed in plaintext.
+    let metrics = http_get(&c.nodes[leader].addr, "/metrics").unwrap_or_default();
+    let streams = |transport: &str| {
+        let name = format!("leasehold_raft_append_streams_total{{transport=\"{transport}\"}}");
+        metric(&metrics, &name)
+    };
+    assert!(streams("grpc") >= 2, "{metrics}");
+    assert_eq!(streams("framed"), 0, "{metrics}");
 
     // The leader dies; the others elect one over TLS, and it holds the lock.
     c.kill(leader);

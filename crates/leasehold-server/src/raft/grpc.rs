@@ -3,12 +3,14 @@
 //! ([`PeerService`]), and the client end that calls it ([`GrpcTransport`]):
 //! one lazily connected channel per peer, over mutual TLS when the node has
 //! peer certificates, from the node's own listen address when it has one.
-//! Appends go as one bidirectional stream per replication session
-//! (`AppendStream`, see [`super::append_stream`]); every other call is unary.
+//! Appends go as one stream per replication session: framed on a connection
+//! of its own when the node has no peer certificates and the peer speaks it
+//! ([`super::framed`]), else as the bidirectional `AppendStream`; every other
+//! call is unary.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,13 +19,17 @@ use futures::StreamExt;
 use leasehold_proto::raft::raft_peer_client::RaftPeerClient;
 use leasehold_proto::raft::raft_peer_server::{RaftPeer, RaftPeerServer};
 use leasehold_proto::raft::PeerMessage;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Request, Response, Status};
 
+use crate::metrics::TransportLabel;
 use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
 
 use super::append_stream::serve_stream;
 use super::cluster_id::{self, ClusterId};
+use super::framed::{self, AbortOnDrop, Opened, Refusals};
 use super::peer::{
     serve, AnswerStream, IncomingSnapshot, PeerCall, Transport, TransportError, CONNECT_TIMEOUT,
     MAX_MESSAGE,
@@ -236,19 +242,7 @@ fn channel(
     let connect = tower::service_fn(move |uri: tonic::codegen::http::Uri| async move {
         let host = uri.host().unwrap_or_default().to_string();
         let port = uri.port_u16().unwrap_or(80);
-        let target = tokio::net::lookup_host((host.as_str(), port))
-            .await?
-            .find(|a| a.is_ipv4() == source.is_ipv4())
-            .ok_or_else(|| std::io::Error::other(format!("no address for {host}")))?;
-        let socket = match source {
-            IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-            IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-        };
-        socket.bind(SocketAddr::new(source, 0))?;
-        socket.set_nodelay(true)?;
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target))
-            .await
-            .map_err(|_| std::io::Error::other("connect timed out"))??;
+        let stream = super::framed::connect(&format!("{host}:{port}"), Some(source)).await?;
         Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
     });
     Some(endpoint.connect_with_connector_lazy(connect))
@@ -272,6 +266,10 @@ pub struct GrpcTransport {
     /// Each peer's reachability, so a failure is logged once per reason (a
     /// certificate that does not name the peer, say), not per retry.
     health: Arc<Mutex<HashMap<NodeId, PeerHealth>>>,
+    /// Peers that do not speak framed streams of appends.
+    unframed: Arc<Refusals>,
+    /// Streams of appends opened, by transport (a metric).
+    streams: Family<TransportLabel, Counter>,
 }
 
 /// How long a peer that has never answered may go on not answering before
@@ -342,7 +340,14 @@ impl GrpcTransport {
             cluster,
             channels: Mutex::default(),
             health: Arc::default(),
+            unframed: Arc::default(),
+            streams: Family::default(),
         }
+    }
+
+    /// Counts the streams of appends it opens in `streams`, by transport.
+    pub fn counting_streams(self, streams: Family<TransportLabel, Counter>) -> GrpcTransport {
+        GrpcTransport { streams, ..self }
     }
 
     fn client(&self, to: NodeId, addr: &str) -> Option<RaftPeerClient<Channel>> {
@@ -416,13 +421,46 @@ impl Transport for GrpcTransport {
         let health = self.health.clone();
         let addr = addr.to_string();
         let cluster = self.cluster.get();
+        // Without peer certificates, framed on a connection of its own if
+        // the peer speaks it (see `framed`).
+        let framed = (self.tls.as_ref().and_then(|t| t.peer_client()).is_none()
+            && self.unframed.worth_asking(to, &addr))
+        .then(|| (self.source, self.unframed.clone()));
+        let streams = self.streams.clone();
+        let opened = move |transport| {
+            streams.get_or_create(&TransportLabel { transport }).inc();
+        };
         Box::pin(async move {
             let Some(mut client) = client else {
                 return Err(TransportError::Unreachable("not an address".into()));
             };
+            let requests = match framed {
+                Some((source, unframed)) => {
+                    match framed::open(to, &addr, source, cluster, requests, &unframed).await {
+                        Ok(Opened::Open(answers)) => {
+                            health.lock().entry(to).or_default().answered(to, &addr);
+                            opened("framed");
+                            return Ok(answers);
+                        }
+                        Ok(Opened::NotSpoken(requests)) => requests,
+                        Err(e) => {
+                            if let TransportError::Unreachable(why) = &e {
+                                health
+                                    .lock()
+                                    .entry(to)
+                                    .or_default()
+                                    .failed(to, &addr, why.clone());
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+                None => requests,
+            };
             match open_append_stream(&mut client, requests, cluster).await {
                 Ok((answers, forwarding)) => {
                     health.lock().entry(to).or_default().answered(to, &addr);
+                    opened("grpc");
                     Ok(answer_stream(answers, forwarding, health, to, addr))
                 }
                 Err(status) => Err(GrpcTransport::failure(&health, to, &addr, &status)),
@@ -509,15 +547,6 @@ fn of_cluster<T>(message: T, cluster: Option<u64>) -> Request<T> {
         }
     }
     request
-}
-
-/// Stops a task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// A status's message and the errors under it (a TLS failure is only named

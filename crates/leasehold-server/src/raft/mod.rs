@@ -16,6 +16,8 @@
 //!   compared by the leader.
 //! - [`peer`]: Raft's RPCs between nodes, both ends, over a [`Transport`]
 //!   (gRPC between processes).
+//! - [`framed`]: streams of appends between processes as length-prefixed
+//!   frames, beside gRPC on the same port.
 //! - `cluster`: membership: status, add, remove.
 //! - [`check`]: `leaseholdd check`, a data dir verified offline.
 //! - `log_store`: the log on disk, its segments indexed by entry range.
@@ -37,6 +39,7 @@ mod cluster;
 pub mod cluster_id;
 mod disk;
 pub mod format;
+pub mod framed;
 mod grpc;
 pub mod hash_check;
 pub mod leadership;

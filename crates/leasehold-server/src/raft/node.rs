@@ -171,11 +171,10 @@ impl Consensus {
         context.cluster.load(dir)?;
         let log = LogStore::open_observed(dir, context.metrics.log_fsync.clone())
             .with_context(|| format!("open raft log in {}", dir.display()))?;
-        let transport = Arc::new(GrpcTransport::new(
-            spec.source,
-            tls,
-            context.cluster.clone(),
-        ));
+        let transport = Arc::new(
+            GrpcTransport::new(spec.source, tls, context.cluster.clone())
+                .counting_streams(context.metrics.append_streams.clone()),
+        );
         let snapshots = Arc::new(FileSnapshots::in_dir(dir));
         let sm = StateMachine::open(
             snapshots,

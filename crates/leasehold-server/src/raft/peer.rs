@@ -5,7 +5,9 @@
 //!
 //! Each call carries one openraft request or response, bincode-encoded
 //! (every node of a cluster runs the same build). Appends go as a stream,
-//! several in flight ([`super::append_stream`]). Snapshots go in chunks of
+//! several in flight ([`super::append_stream`]); between processes without
+//! peer certificates, as frames on a connection of their own
+//! ([`super::framed`]). Snapshots go in chunks of
 //! at most 3 MiB (openraft's `snapshot_max_chunk_size`), so a snapshot of a
 //! million held locks crosses as a few dozen calls. A call is cut off at the
 //! soft deadline openraft gives it; a peer that cannot be connected to is
