@@ -6,10 +6,12 @@
 //!   is closed, not kept).
 //! - A connection with no call in flight (an open watch or waiting acquire
 //!   counts as one) is closed after [`Limits::idle_timeout`], on every
-//!   protocol: after a polite close (HTTP/2's GOAWAY) it has
-//!   [`CLOSE_GRACE`] to go, so an HTTP/2 client that sent only its preface
-//!   or part of a request cannot hold it open until the next ping. Clients
-//!   reconnect on their next call, so this costs them nothing.
+//!   protocol but a peer's framed stream of appends (`raft::framed`, which
+//!   lasts as long as its leader's replication session): after a polite
+//!   close (HTTP/2's GOAWAY) it has [`CLOSE_GRACE`] to go, so an HTTP/2
+//!   client that sent only its preface or part of a request cannot hold it
+//!   open until the next ping. Clients reconnect on their next call, so
+//!   this costs them nothing.
 //! - An HTTP/1 request hyper cannot parse (a bad `Transfer-Encoding`,
 //!   headers too large) gets the JSON error body every other answer has
 //!   ([`JsonParseErrors`]), not an empty one.

@@ -31,9 +31,16 @@
 //! and the leader then sends to it over gRPC ([`Refusals`]).
 //!
 //! Only between nodes without peer certificates: with them, appends go over
-//! gRPC's mutual TLS. Both ends send TCP keep-alives ([`KEEP_ALIVE`]): a
-//! follower whose leader's machine vanished with the connection open finds
-//! out and closes it, as HTTP/2's pings find out for gRPC.
+//! gRPC's mutual TLS. A peer that takes gRPC but sends no greeting back
+//! (at its connection cap, or behind something that passes only HTTP) gets
+//! the stream over gRPC, and further ones too for a while.
+//!
+//! Both ends send TCP keep-alives and limit how long sent data may go
+//! unacknowledged ([`keep_alive`]): a follower whose leader's machine
+//! vanished with the connection open closes it within about 40 s. A leader
+//! that is only paused (SIGSTOP) keeps its connections open until it runs
+//! again, where HTTP/2's pings would close them; it then finds it no longer
+//! leads and closes them itself.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -66,14 +73,24 @@ const ASK_AGAIN_AFTER: Duration = Duration::from_secs(30);
 /// Keep-alive probes start after this long without traffic, go every this
 /// long, and after three unanswered the connection is closed: about 40 s.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// Data sent and not acknowledged for this long closes the connection
+/// (keep-alive probes do not go while data waits to be acknowledged).
+#[cfg(target_os = "linux")]
+const UNACKNOWLEDGED_FOR: Duration = Duration::from_secs(40);
 
-/// Turns on TCP keep-alive ([`KEEP_ALIVE`]) on a peer connection.
+/// Turns on TCP keep-alive ([`KEEP_ALIVE`]), and on Linux a limit on how
+/// long sent data may go unacknowledged ([`UNACKNOWLEDGED_FOR`]), on a
+/// peer connection.
 fn keep_alive(stream: &TcpStream) -> std::io::Result<()> {
     let probes = socket2::TcpKeepalive::new()
         .with_time(KEEP_ALIVE)
         .with_interval(KEEP_ALIVE)
         .with_retries(3);
-    socket2::SockRef::from(stream).set_tcp_keepalive(&probes)
+    let socket = socket2::SockRef::from(stream);
+    socket.set_tcp_keepalive(&probes)?;
+    #[cfg(target_os = "linux")]
+    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_FOR))?;
+    Ok(())
 }
 
 fn codec() -> LengthDelimitedCodec {
@@ -168,7 +185,8 @@ impl Refusals {
         }
     }
 
-    fn note(&self, to: NodeId, addr: &str) {
+    /// Streams to `to` at `addr` go over gRPC for a while.
+    pub fn note(&self, to: NodeId, addr: &str) {
         self.0.lock().insert((to, addr.to_string()), Instant::now());
     }
 }
@@ -203,8 +221,15 @@ pub(super) async fn connect(addr: &str, source: Option<IpAddr>) -> std::io::Resu
 pub(super) enum Opened {
     /// The answers, in the order of the requests.
     Open(AnswerStream),
-    /// The peer does not speak it: the requests, untouched, for gRPC.
+    /// The peer answered the greeting in another protocol (an earlier
+    /// build, in HTTP): the requests, untouched, for gRPC.
     NotSpoken(BoxStream<'static, Vec<u8>>),
+    /// No greeting came back, for the reason given: the requests,
+    /// untouched, for gRPC. A peer that is down or cut off fails there
+    /// too; one that takes gRPC but closes framed connections (at its
+    /// connection cap, or behind something that passes only HTTP) is
+    /// served that way.
+    Failed(BoxStream<'static, Vec<u8>>, String),
 }
 
 /// Opens a framed stream of `requests` to node `to` at `addr`.
@@ -215,10 +240,11 @@ pub(super) async fn open(
     cluster: Option<u64>,
     requests: BoxStream<'static, Vec<u8>>,
     refusals: &Refusals,
-) -> Result<Opened, TransportError> {
-    let mut stream = connect(addr, source)
-        .await
-        .map_err(|e| TransportError::Unreachable(e.to_string()))?;
+) -> Opened {
+    let mut stream = match connect(addr, source).await {
+        Ok(stream) => stream,
+        Err(e) => return Opened::Failed(requests, e.to_string()),
+    };
     let mut hello = HELLO.to_vec();
     hello.push(u8::from(cluster.is_some()));
     hello.extend_from_slice(&cluster.unwrap_or(0).to_be_bytes());
@@ -232,20 +258,16 @@ pub(super) async fn open(
         // Answered otherwise: an earlier build, in HTTP.
         Ok(Ok(_)) => {
             refusals.note(to, addr);
-            return Ok(Opened::NotSpoken(requests));
+            return Opened::NotSpoken(requests);
         }
-        // Closed or reset (stopping, or a proxy cutting it off): says
-        // nothing of its build, and is backed off from as a refused
-        // connection is, not retried at once.
+        // Closed or reset: stopping, at its connection cap, or cut off.
         Ok(Err(e)) => {
-            return Err(TransportError::Unreachable(format!(
-                "closed before answering the stream's greeting: {e}"
-            )))
+            let why = format!("closed before answering the stream's greeting: {e}");
+            return Opened::Failed(requests, why);
         }
         Err(_) => {
-            return Err(TransportError::Failed(format!(
-                "no answer to the stream's greeting within {CONNECT_TIMEOUT:?}"
-            )))
+            let why = format!("no answer to the stream's greeting within {CONNECT_TIMEOUT:?}");
+            return Opened::Failed(requests, why);
         }
     }
     let (read, write) = stream.into_split();
@@ -276,7 +298,7 @@ pub(super) async fn open(
             )),
         }
     });
-    Ok(Opened::Open(answers.boxed()))
+    Opened::Open(answers.boxed())
 }
 
 /// Stops a task when dropped.
@@ -359,7 +381,6 @@ mod tests {
         )
         .await
         .expect("opened within 5 s")
-        .expect("opened")
     }
 
     #[tokio::test]
@@ -398,7 +419,7 @@ mod tests {
         let requests = futures::stream::iter(vec![stale_append()]).boxed();
         let refusals = Refusals::default();
         let opened = open(2, &proxy.addr, None, cluster, requests, &refusals);
-        let Ok(Opened::Open(answers)) = tokio::time::timeout(WITHIN, opened)
+        let Opened::Open(answers) = tokio::time::timeout(WITHIN, opened)
             .await
             .expect("opened within 5 s")
         else {
@@ -462,7 +483,7 @@ mod tests {
         let refusals = Refusals::default();
         let requests = futures::stream::iter(vec![b"one".to_vec(), b"two".to_vec()]).boxed();
         let opened = open(2, &addr, None, None, requests, &refusals).await;
-        let Ok(Opened::NotSpoken(requests)) = opened else {
+        let Opened::NotSpoken(requests) = opened else {
             panic!("an older build does not speak framed streams");
         };
         let left: Vec<Vec<u8>> = requests.collect().await;
@@ -475,7 +496,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_peer_that_hangs_up_on_the_greeting_is_unreachable_and_is_asked_again() {
+    async fn a_peer_that_hangs_up_on_the_greeting_gets_the_requests_back_and_is_asked_again() {
         // A node stopping closes its connections: that says nothing of its
         // build, so the next stream is framed again.
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -486,19 +507,23 @@ mod tests {
             }
         });
         let refusals = Refusals::default();
-        let requests = futures::stream::pending().boxed();
-        let opened = open(2, &addr, None, None, requests, &refusals).await;
-        assert!(matches!(opened, Err(TransportError::Unreachable(_))));
+        let requests = futures::stream::iter(vec![b"one".to_vec()]).boxed();
+        let Opened::Failed(requests, why) = open(2, &addr, None, None, requests, &refusals).await
+        else {
+            panic!("no greeting came back");
+        };
+        assert!(why.contains("greeting"), "{why}");
+        assert_eq!(requests.collect::<Vec<_>>().await, vec![b"one".to_vec()]);
         assert!(refusals.worth_asking(2, &addr));
     }
 
     #[tokio::test]
-    async fn a_peer_nobody_listens_for_is_unreachable() {
+    async fn a_peer_nobody_listens_for_fails_the_greeting() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         drop(listener);
         let requests = futures::stream::pending().boxed();
         let opened = open(2, &addr, None, None, requests, &Refusals::default()).await;
-        assert!(matches!(opened, Err(TransportError::Unreachable(_))));
+        assert!(matches!(opened, Opened::Failed(..)));
     }
 }

@@ -422,7 +422,9 @@ impl Transport for GrpcTransport {
         let addr = addr.to_string();
         let cluster = self.cluster.get();
         // Without peer certificates, framed on a connection of its own if
-        // the peer speaks it (see `framed`).
+        // the peer speaks it (see `framed`); over gRPC if it does not, or
+        // if no greeting comes back (a peer down or cut off fails there
+        // too).
         let framed = (self.tls.as_ref().and_then(|t| t.peer_client()).is_none()
             && self.unframed.worth_asking(to, &addr))
         .then(|| (self.source, self.unframed.clone()));
@@ -434,33 +436,29 @@ impl Transport for GrpcTransport {
             let Some(mut client) = client else {
                 return Err(TransportError::Unreachable("not an address".into()));
             };
-            let requests = match framed {
+            let (requests, framed_failed) = match framed {
                 Some((source, unframed)) => {
                     match framed::open(to, &addr, source, cluster, requests, &unframed).await {
-                        Ok(Opened::Open(answers)) => {
+                        Opened::Open(answers) => {
                             health.lock().entry(to).or_default().answered(to, &addr);
                             opened("framed");
                             return Ok(answers);
                         }
-                        Ok(Opened::NotSpoken(requests)) => requests,
-                        Err(e) => {
-                            if let TransportError::Unreachable(why) = &e {
-                                health
-                                    .lock()
-                                    .entry(to)
-                                    .or_default()
-                                    .failed(to, &addr, why.clone());
-                            }
-                            return Err(e);
-                        }
+                        Opened::NotSpoken(requests) => (requests, None),
+                        Opened::Failed(requests, why) => (requests, Some((unframed, why))),
                     }
                 }
-                None => requests,
+                None => (requests, None),
             };
             match open_append_stream(&mut client, requests, cluster).await {
                 Ok((answers, forwarding)) => {
                     health.lock().entry(to).or_default().answered(to, &addr);
                     opened("grpc");
+                    if let Some((unframed, why)) = framed_failed {
+                        // Reachable, but not framed: gRPC for a while.
+                        tracing::info!(peer = to, %addr, error = %why, "a framed stream of appends failed where gRPC's did not: appends to this peer go over gRPC for a while");
+                        unframed.note(to, &addr);
+                    }
                     Ok(answer_stream(answers, forwarding, health, to, addr))
                 }
                 Err(status) => Err(GrpcTransport::failure(&health, to, &addr, &status)),
@@ -562,4 +560,84 @@ fn reason(status: &Status) -> String {
         source = e.source();
     }
     why
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use openraft::errors::Fatal;
+    use openraft::raft::{AppendEntriesRequest, StreamAppendError, StreamAppendResult};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::raft::peer::{decode, encode};
+    use crate::raft::{NodeSpec, RaftOptions, TypeConfig, Vote};
+
+    const WITHIN: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_peer_that_closes_framed_connections_gets_appends_over_grpc_for_a_while() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let consensus = Consensus::start(
+            dir.path(),
+            NodeSpec::single("127.0.0.1:1"),
+            Arc::default(),
+            RaftOptions::default(),
+            None,
+        )
+        .await
+        .expect("start");
+        // A peer that serves gRPC and closes framed connections unanswered
+        // (at its connection cap, or behind something that passes only
+        // HTTP).
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let incoming = futures::stream::unfold(listener, |listener| async move {
+            loop {
+                let (stream, _) = listener.accept().await.ok()?;
+                let mut first = [0u8; 1];
+                stream.peek(&mut first).await.ok()?;
+                if first[0] != framed::HELLO[0] {
+                    return Some((Ok::<_, std::io::Error>(stream), listener));
+                }
+            }
+        });
+        let service = consensus.peer_service(false);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming),
+        );
+        let streams = Family::<TransportLabel, Counter>::default();
+        let cluster = consensus.shared.context.cluster.clone();
+        let transport = GrpcTransport::new(None, None, cluster).counting_streams(streams.clone());
+        // From a leader of term 0: any node that has voted refuses it.
+        let stale = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(0, 2),
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        };
+        let requests = futures::stream::iter(vec![encode(&stale).expect("encode")])
+            .chain(futures::stream::pending())
+            .boxed();
+        let mut answers = tokio::time::timeout(WITHIN, transport.append_stream(2, &addr, requests))
+            .await
+            .expect("opened within 5 s")
+            .expect("opened over gRPC");
+        let answer = tokio::time::timeout(WITHIN, answers.next())
+            .await
+            .expect("an answer within 5 s")
+            .expect("an answer")
+            .expect("an answer, not an error");
+        let answer: Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>> =
+            decode(&answer).expect("an encoded answer");
+        assert!(matches!(answer, Ok(Err(StreamAppendError::HigherVote(_)))));
+        let count = |transport| streams.get_or_create(&TransportLabel { transport }).get();
+        assert_eq!((count("framed"), count("grpc")), (0, 1));
+        // The next stream goes over gRPC at once, not framed first.
+        assert!(!transport.unframed.worth_asking(2, &addr));
+        consensus.shutdown().await;
+    }
 }
