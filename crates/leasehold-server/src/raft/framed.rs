@@ -31,9 +31,13 @@
 //! and the leader then sends to it over gRPC ([`Refusals`]).
 //!
 //! Only between nodes without peer certificates: with them, appends go over
-//! gRPC's mutual TLS. A peer that takes gRPC but sends no greeting back
-//! (at its connection cap, or behind something that passes only HTTP) gets
-//! the stream over gRPC, and further ones too for a while.
+//! gRPC's mutual TLS. A peer that closes the connection before greeting
+//! back (at its connection cap, stopping, or behind something that passes
+//! only HTTP) gets that stream over gRPC; the next is asked for framed
+//! again. A peer that takes the connection and says nothing within
+//! `CONNECT_TIMEOUT` (a process still starting, or paused) is unreachable
+//! for now, as it would be over gRPC: the stream fails and openraft opens
+//! another.
 //!
 //! Both ends send TCP keep-alives and limit how long sent data may go
 //! unacknowledged ([`keep_alive`]): a follower whose leader's machine
@@ -224,12 +228,16 @@ pub(super) enum Opened {
     /// The peer answered the greeting in another protocol (an earlier
     /// build, in HTTP): the requests, untouched, for gRPC.
     NotSpoken(BoxStream<'static, Vec<u8>>),
-    /// No greeting came back, for the reason given: the requests,
-    /// untouched, for gRPC. A peer that is down or cut off fails there
-    /// too; one that takes gRPC but closes framed connections (at its
-    /// connection cap, or behind something that passes only HTTP) is
-    /// served that way.
-    Failed(BoxStream<'static, Vec<u8>>, String),
+    /// The peer closed the connection before greeting back, for the reason
+    /// given: the requests, untouched, for gRPC. One that takes gRPC but
+    /// closes framed connections (at its connection cap, or behind
+    /// something that passes only HTTP) is served that way; one that is
+    /// stopping fails there too.
+    Closed(BoxStream<'static, Vec<u8>>, String),
+    /// No connection, or no greeting within `CONNECT_TIMEOUT`: a peer that
+    /// is down, cut off, still starting or paused, which gRPC would wait on
+    /// all the same. Why, for the stream's error.
+    Unreachable(String),
 }
 
 /// Opens a framed stream of `requests` to node `to` at `addr`.
@@ -243,7 +251,7 @@ pub(super) async fn open(
 ) -> Opened {
     let mut stream = match connect(addr, source).await {
         Ok(stream) => stream,
-        Err(e) => return Opened::Failed(requests, e.to_string()),
+        Err(e) => return Opened::Unreachable(e.to_string()),
     };
     let mut hello = HELLO.to_vec();
     hello.push(u8::from(cluster.is_some()));
@@ -263,11 +271,14 @@ pub(super) async fn open(
         // Closed or reset: stopping, at its connection cap, or cut off.
         Ok(Err(e)) => {
             let why = format!("closed before answering the stream's greeting: {e}");
-            return Opened::Failed(requests, why);
+            return Opened::Closed(requests, why);
         }
+        // Taken by its kernel, not yet by the process (listening before it
+        // has opened its data), or paused.
         Err(_) => {
-            let why = format!("no answer to the stream's greeting within {CONNECT_TIMEOUT:?}");
-            return Opened::Failed(requests, why);
+            return Opened::Unreachable(format!(
+                "no answer to the stream's greeting within {CONNECT_TIMEOUT:?}"
+            ));
         }
     }
     let (read, write) = stream.into_split();
@@ -312,35 +323,15 @@ impl Drop for AbortOnDrop {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use openraft::errors::Fatal;
     use openraft::raft::{AppendEntriesRequest, StreamAppendError, StreamAppendResult};
     use tokio::net::TcpListener;
 
     use super::*;
     use crate::raft::peer::{decode, encode};
-    use crate::raft::{NodeSpec, RaftOptions, TypeConfig, Vote};
+    use crate::raft::{leading_single_node, TypeConfig, Vote};
 
     const WITHIN: Duration = Duration::from_secs(5);
-
-    async fn single_node(dir: &std::path::Path) -> Consensus {
-        let consensus = Consensus::start(
-            dir,
-            NodeSpec::single("127.0.0.1:1"),
-            Arc::default(),
-            RaftOptions::default(),
-            None,
-        )
-        .await
-        .expect("start");
-        let mut leading = consensus.leading();
-        tokio::time::timeout(WITHIN, leading.wait_for(|armed| *armed))
-            .await
-            .expect("the node leads within 5 s")
-            .expect("the node is still there");
-        consensus
-    }
 
     /// Serves framed connections to `consensus` on a local port.
     async fn serving(consensus: Consensus, need_certificates: bool) -> String {
@@ -386,7 +377,7 @@ mod tests {
     #[tokio::test]
     async fn a_framed_stream_carries_an_append_to_the_raft_and_its_answer_back() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let consensus = single_node(dir.path()).await;
+        let consensus = leading_single_node(dir.path()).await;
         let addr = serving(consensus.clone(), false).await;
         let cluster = consensus.shared.context.cluster.get();
         let Opened::Open(mut answers) = open_to(&addr, cluster, vec![stale_append()]).await else {
@@ -412,7 +403,7 @@ mod tests {
         // end of the stream. A proxy that closes both ways when one way
         // closes (as the test kit's does) must not swallow its answer.
         let dir = tempfile::tempdir().expect("tempdir");
-        let consensus = single_node(dir.path()).await;
+        let consensus = leading_single_node(dir.path()).await;
         let addr = serving(consensus.clone(), false).await;
         let proxy = leasehold_testkit::FaultProxy::start(&addr);
         let cluster = consensus.shared.context.cluster.get();
@@ -439,7 +430,7 @@ mod tests {
     #[tokio::test]
     async fn a_leader_of_another_cluster_or_without_a_certificate_is_refused_with_the_reason() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let consensus = single_node(dir.path()).await;
+        let consensus = leading_single_node(dir.path()).await;
         for (need_certificates, cluster, reason) in [
             (false, Some(7), "cluster"),
             (true, None, "peer certificate"),
@@ -508,9 +499,9 @@ mod tests {
         });
         let refusals = Refusals::default();
         let requests = futures::stream::iter(vec![b"one".to_vec()]).boxed();
-        let Opened::Failed(requests, why) = open(2, &addr, None, None, requests, &refusals).await
+        let Opened::Closed(requests, why) = open(2, &addr, None, None, requests, &refusals).await
         else {
-            panic!("no greeting came back");
+            panic!("closed before greeting back");
         };
         assert!(why.contains("greeting"), "{why}");
         assert_eq!(requests.collect::<Vec<_>>().await, vec![b"one".to_vec()]);
@@ -518,12 +509,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_peer_nobody_listens_for_fails_the_greeting() {
+    async fn a_peer_nobody_listens_for_is_unreachable() {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         drop(listener);
         let requests = futures::stream::pending().boxed();
         let opened = open(2, &addr, None, None, requests, &Refusals::default()).await;
-        assert!(matches!(opened, Opened::Failed(..)));
+        assert!(matches!(opened, Opened::Unreachable(..)));
     }
 }

@@ -423,8 +423,7 @@ impl Transport for GrpcTransport {
         let cluster = self.cluster.get();
         // Without peer certificates, framed on a connection of its own if
         // the peer speaks it (see `framed`); over gRPC if it does not, or
-        // if no greeting comes back (a peer down or cut off fails there
-        // too).
+        // if it closes the connection before greeting back.
         let framed = (self.tls.as_ref().and_then(|t| t.peer_client()).is_none()
             && self.unframed.worth_asking(to, &addr))
         .then(|| (self.source, self.unframed.clone()));
@@ -436,7 +435,7 @@ impl Transport for GrpcTransport {
             let Some(mut client) = client else {
                 return Err(TransportError::Unreachable("not an address".into()));
             };
-            let (requests, framed_failed) = match framed {
+            let (requests, framed_closed) = match framed {
                 Some((source, unframed)) => {
                     match framed::open(to, &addr, source, cluster, requests, &unframed).await {
                         Opened::Open(answers) => {
@@ -445,7 +444,12 @@ impl Transport for GrpcTransport {
                             return Ok(answers);
                         }
                         Opened::NotSpoken(requests) => (requests, None),
-                        Opened::Failed(requests, why) => (requests, Some((unframed, why))),
+                        Opened::Closed(requests, why) => (requests, Some(why)),
+                        Opened::Unreachable(why) => {
+                            let mut health = health.lock();
+                            health.entry(to).or_default().failed(to, &addr, why.clone());
+                            return Err(TransportError::Unreachable(why));
+                        }
                     }
                 }
                 None => (requests, None),
@@ -454,10 +458,9 @@ impl Transport for GrpcTransport {
                 Ok((answers, forwarding)) => {
                     health.lock().entry(to).or_default().answered(to, &addr);
                     opened("grpc");
-                    if let Some((unframed, why)) = framed_failed {
-                        // Reachable, but not framed: gRPC for a while.
-                        tracing::info!(peer = to, %addr, error = %why, "a framed stream of appends failed where gRPC's did not: appends to this peer go over gRPC for a while");
-                        unframed.note(to, &addr);
+                    if let Some(why) = framed_closed {
+                        // Reachable, but not framed this time.
+                        tracing::info!(peer = to, %addr, error = %why, "a framed stream of appends was closed where gRPC's opened: this stream goes over gRPC");
                     }
                     Ok(answer_stream(answers, forwarding, health, to, addr))
                 }
@@ -572,34 +575,46 @@ mod tests {
 
     use super::*;
     use crate::raft::peer::{decode, encode};
-    use crate::raft::{NodeSpec, RaftOptions, TypeConfig, Vote};
+    use crate::raft::{leading_single_node, TypeConfig, Vote};
 
     const WITHIN: Duration = Duration::from_secs(5);
 
+    /// A stream of one append from a leader of term 0 (any node that has
+    /// voted refuses it), kept open.
+    fn stale_append() -> futures::stream::BoxStream<'static, Vec<u8>> {
+        let stale = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(0, 2),
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        };
+        futures::stream::iter(vec![encode(&stale).expect("encode")])
+            .chain(futures::stream::pending())
+            .boxed()
+    }
+
     #[tokio::test]
-    async fn a_peer_that_closes_framed_connections_gets_appends_over_grpc_for_a_while() {
+    async fn a_peer_that_closes_framed_connections_gets_each_stream_over_grpc() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let consensus = Consensus::start(
-            dir.path(),
-            NodeSpec::single("127.0.0.1:1"),
-            Arc::default(),
-            RaftOptions::default(),
-            None,
-        )
-        .await
-        .expect("start");
+        let consensus = leading_single_node(dir.path()).await;
         // A peer that serves gRPC and closes framed connections unanswered
         // (at its connection cap, or behind something that passes only
         // HTTP).
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
-        let incoming = futures::stream::unfold(listener, |listener| async move {
-            loop {
-                let (stream, _) = listener.accept().await.ok()?;
-                let mut first = [0u8; 1];
-                stream.peek(&mut first).await.ok()?;
-                if first[0] != framed::HELLO[0] {
-                    return Some((Ok::<_, std::io::Error>(stream), listener));
+        let framed_asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let asked = framed_asked.clone();
+        let incoming = futures::stream::unfold(listener, move |listener| {
+            let asked = asked.clone();
+            async move {
+                loop {
+                    let (stream, _) = listener.accept().await.ok()?;
+                    let mut first = [0u8; 1];
+                    stream.peek(&mut first).await.ok()?;
+                    if first[0] != framed::HELLO[0] {
+                        return Some((Ok::<_, std::io::Error>(stream), listener));
+                    }
+                    asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
             }
         });
@@ -612,32 +627,55 @@ mod tests {
         let streams = Family::<TransportLabel, Counter>::default();
         let cluster = consensus.shared.context.cluster.clone();
         let transport = GrpcTransport::new(None, None, cluster).counting_streams(streams.clone());
-        // From a leader of term 0: any node that has voted refuses it.
-        let stale = AppendEntriesRequest::<TypeConfig> {
-            vote: Vote::new_committed(0, 2),
-            prev_log_id: None,
-            entries: Vec::new(),
-            leader_commit: None,
-        };
-        let requests = futures::stream::iter(vec![encode(&stale).expect("encode")])
-            .chain(futures::stream::pending())
-            .boxed();
-        let mut answers = tokio::time::timeout(WITHIN, transport.append_stream(2, &addr, requests))
-            .await
-            .expect("opened within 5 s")
-            .expect("opened over gRPC");
-        let answer = tokio::time::timeout(WITHIN, answers.next())
-            .await
-            .expect("an answer within 5 s")
-            .expect("an answer")
-            .expect("an answer, not an error");
-        let answer: Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>> =
-            decode(&answer).expect("an encoded answer");
-        assert!(matches!(answer, Ok(Err(StreamAppendError::HigherVote(_)))));
+        for _ in 0..2 {
+            let opening = transport.append_stream(2, &addr, stale_append());
+            let mut answers = tokio::time::timeout(WITHIN, opening)
+                .await
+                .expect("opened within 5 s")
+                .expect("opened over gRPC");
+            let answer = tokio::time::timeout(WITHIN, answers.next())
+                .await
+                .expect("an answer within 5 s")
+                .expect("an answer")
+                .expect("an answer, not an error");
+            let answer: Result<StreamAppendResult<TypeConfig>, Fatal<TypeConfig>> =
+                decode(&answer).expect("an encoded answer");
+            assert!(matches!(answer, Ok(Err(StreamAppendError::HigherVote(_)))));
+        }
         let count = |transport| streams.get_or_create(&TransportLabel { transport }).get();
-        assert_eq!((count("framed"), count("grpc")), (0, 1));
-        // The next stream goes over gRPC at once, not framed first.
-        assert!(!transport.unframed.worth_asking(2, &addr));
+        assert_eq!((count("framed"), count("grpc")), (0, 2));
+        // Asked for framed each time: a closed greeting is no lasting
+        // verdict (the peer may have been at its cap, or stopping).
+        assert_eq!(framed_asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+        consensus.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_takes_the_connection_and_says_nothing_is_unreachable_for_now() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let consensus = leading_single_node(dir.path()).await;
+        // Listening, never accepting: its kernel takes connections, as for
+        // a process still opening its data, or paused.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let streams = Family::<TransportLabel, Counter>::default();
+        let cluster = consensus.shared.context.cluster.clone();
+        let transport = GrpcTransport::new(None, None, cluster).counting_streams(streams.clone());
+        let opening = transport.append_stream(2, &addr, stale_append());
+        let opened = tokio::time::timeout(WITHIN, opening)
+            .await
+            .expect("an outcome within 5 s");
+        assert!(
+            matches!(&opened, Err(TransportError::Unreachable(why)) if why.contains("greeting")),
+            "{:?}",
+            opened.err()
+        );
+        // Not sent over gRPC instead: it would wait on the same process.
+        let count = |transport| streams.get_or_create(&TransportLabel { transport }).get();
+        assert_eq!((count("framed"), count("grpc")), (0, 0));
+        // Asked for framed again next time.
+        assert!(transport.unframed.worth_asking(2, &addr));
+        drop(listener);
         consensus.shutdown().await;
     }
 }

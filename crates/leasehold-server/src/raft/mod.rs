@@ -349,9 +349,30 @@ impl Consensus {
     }
 }
 
+/// A single node over `dir` (its address never dialled), once it leads:
+/// what tests of the parts around the Raft stand on.
+#[cfg(test)]
+pub(crate) async fn leading_single_node(dir: &std::path::Path) -> Consensus {
+    let consensus = Consensus::start(
+        dir,
+        NodeSpec::single("127.0.0.1:1"),
+        std::sync::Arc::default(),
+        RaftOptions::default(),
+        None,
+    )
+    .await
+    .expect("start");
+    let mut leading = consensus.leading();
+    let within = std::time::Duration::from_secs(5);
+    tokio::time::timeout(within, leading.wait_for(|armed| *armed))
+        .await
+        .expect("a single node leads within 5 s")
+        .expect("the node is still there");
+    consensus
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
@@ -359,21 +380,9 @@ mod tests {
     #[tokio::test]
     async fn a_node_shows_it_leads_and_once_stopped_says_so_and_waits_forever() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let consensus = Consensus::start(
-            dir.path(),
-            NodeSpec::single("127.0.0.1:1"),
-            Arc::default(),
-            RaftOptions::default(),
-            None,
-        )
-        .await
-        .expect("start");
         // A single node leads at once, and those watching see it armed.
+        let consensus = leading_single_node(dir.path()).await;
         let mut leading = consensus.leading();
-        tokio::time::timeout(Duration::from_secs(5), leading.wait_for(|armed| *armed))
-            .await
-            .expect("the node leads within 5 s")
-            .expect("the node is still there");
         assert!(consensus.now().is_some());
         consensus.shutdown().await;
         let why = tokio::time::timeout(Duration::from_secs(5), consensus.stopped())
