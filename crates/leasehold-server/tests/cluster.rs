@@ -434,6 +434,38 @@ async fn a_lowest_id_that_lost_its_data_forms_nothing_while_a_member_that_may_ho
     }
 }
 
+/// The lowest id started again on a data dir that holds only a cluster id
+/// of its own (what a kill between making the id and forming the group
+/// leaves) while the others hold the group: it takes their cluster's id
+/// from their leader's entries and catches up, where it used to refuse that
+/// leader until its data dir was wiped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_id_kept_with_no_data_gives_way_to_the_group_that_formed() {
+    let _serial = common::serial().await;
+    let mut c = Cluster::start(3);
+    c.wait_leader();
+    c.kill(0);
+    let dir = c.nodes[0].data_dir().to_path_buf();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cluster"), "cluster 00000000000000aa\n").unwrap();
+    c.restart(0);
+    let addr = leader_addr(&c);
+    let (s, r) = common::post(&addr, "/v1/acquire", json!({"key": "k", "ttl_ms": 60_000})).await;
+    assert_eq!(s, 200, "{r}");
+    let applied = health(&addr)["last_applied"].as_u64().unwrap_or(0);
+    let first = c.nodes[0].addr.clone();
+    wait_until(Duration::from_secs(20), "the lowest id to catch up", || {
+        health(&first)["last_applied"].as_u64().unwrap_or(0) >= applied
+    });
+    let theirs = std::fs::read_to_string(c.nodes[1].data_dir().join("cluster")).unwrap();
+    let kept = std::fs::read_to_string(dir.join("cluster")).unwrap();
+    assert_eq!(kept, theirs);
+    let output = c.nodes[0].output();
+    assert!(!output.contains("refused a raft call"), "{output}");
+    assert!(output.contains("in place of the id"), "{output}");
+}
+
 /// A fourth node joins as a learner, catches up and becomes a voter; the
 /// old leader is removed and the group goes on; a change that would leave
 /// no quorum is refused.

@@ -16,8 +16,17 @@
 //! | id A | id B, or none | refused: another cluster, or a build that sends none |
 //! | none, in no group when it started (no entry, no snapshot; a vote at most) | id B, sending entries or a snapshot | B is adopted (written to the data dir), served |
 //! | none, in no group when it started | id B, a vote | served, nothing adopted (the group is forming) |
+//! | id A, in no group when it started | as for none above | the same: A binds nothing (see below) |
 //! | none, data dir held a group | id B | refused: it belongs to a cluster without an id |
 //! | none | none | served (a cluster formed by 0.2.0, upgraded in place) |
+//!
+//! An id in the data dir of a node that holds no entry and no snapshot came
+//! with none of its group's data: the node made it for a group it stopped
+//! before forming (killed between keeping the id and `initialize`), or took
+//! it from a leader whose entries it never kept. It is replaced by the id
+//! of the first leader that sends entries, or by a new one if this node
+//! forms the group; kept, it would refuse the group that formed without it
+//! until its data dir was wiped.
 //!
 //! A cluster formed by release 0.2.0 has no id and gets none: the check
 //! starts with clusters formed, restored or recovered by a later build.
@@ -74,17 +83,17 @@ impl ClusterId {
     }
 
     /// Lets this node adopt the id of the first leader that sends it
-    /// entries or a snapshot naming one (it holds no group).
+    /// entries or a snapshot naming one: it holds no group's data, so an id
+    /// it kept binds nothing (see the module doc).
     pub fn adopt_from_first_leader(&self) {
-        let mut state = self.state.lock();
-        state.may_adopt = state.id.is_none();
+        self.state.lock().may_adopt = true;
     }
 
-    /// Makes a new random id for a group this node forms, unless it has one;
-    /// the id made, if it made one.
+    /// Makes a new random id for a group this node forms, unless it has one
+    /// that binds it; the id made, if it made one.
     pub fn make_for_new_group(&self) -> io::Result<Option<u64>> {
         let mut state = self.state.lock();
-        if state.id.is_some() {
+        if state.id.is_some() && !state.may_adopt {
             return Ok(None);
         }
         let id = rand::random();
@@ -141,7 +150,32 @@ impl ClusterId {
     fn judge(&self, theirs: Option<u64>, from_leader: bool) -> Result<(), String> {
         let mut state = self.state.lock();
         match (state.id, theirs) {
-            (Some(mine), Some(theirs)) if mine == theirs => Ok(()),
+            (Some(mine), Some(theirs)) if mine == theirs => {
+                // The first leader's entries: this id binds from now on.
+                if from_leader {
+                    state.may_adopt = false;
+                }
+                Ok(())
+            }
+            // Votes before the first leader (the group forming) are
+            // answered; the leader's entries bring the id.
+            (_, Some(_)) if state.may_adopt && !from_leader => Ok(()),
+            (kept, Some(theirs)) if state.may_adopt => {
+                self.keep(&mut state, theirs).map_err(|e| {
+                    format!("this node could not keep the cluster id {theirs:016x}: {e}")
+                })?;
+                match kept {
+                    Some(kept) => tracing::info!(
+                        cluster = %format!("{theirs:016x}"),
+                        replaced = %format!("{kept:016x}"),
+                        "joined the cluster, in place of the id this node kept with none of its group's data"
+                    ),
+                    None => {
+                        tracing::info!(cluster = %format!("{theirs:016x}"), "joined the cluster")
+                    }
+                }
+                Ok(())
+            }
             (Some(mine), Some(theirs)) => Err(format!(
                 "this node belongs to cluster {mine:016x} and the caller to cluster {theirs:016x}: \
                  a node of another cluster (a member of a cluster that a restore replaced?) may \
@@ -152,16 +186,6 @@ impl ClusterId {
                  of a cluster formed by 0.2.0, or that build): upgrade it, or wipe its data dir \
                  before it joins this one"
             )),
-            // Votes before the first leader (the group forming) are
-            // answered; the leader's entries bring the id.
-            (None, Some(_)) if state.may_adopt && !from_leader => Ok(()),
-            (None, Some(theirs)) if state.may_adopt => {
-                self.keep(&mut state, theirs).map_err(|e| {
-                    format!("this node could not keep the cluster id {theirs:016x}: {e}")
-                })?;
-                tracing::info!(cluster = %format!("{theirs:016x}"), "joined the cluster");
-                Ok(())
-            }
             (None, Some(theirs)) => Err(format!(
                 "this node's data dir holds a group without a cluster id (one formed by 0.2.0) \
                  and the caller belongs to cluster {theirs:016x}: a node of another cluster may \
@@ -284,6 +308,30 @@ mod tests {
         // Only the id it made is taken back.
         b.unmake(made).unwrap();
         assert_eq!(b.get(), Some(7));
+
+        // Kept with none of a group's data (stopped between making it and
+        // forming the group): the first leader's id takes its place, and
+        // from then on binds.
+        let c = ClusterId::default();
+        c.load(dir.path()).unwrap();
+        c.adopt_from_first_leader();
+        c.check(Some(9), false)
+            .expect("a vote of the group that formed");
+        assert_eq!(c.get(), Some(7));
+        c.check(Some(9), true).expect("its leader's entries");
+        assert_eq!(c.get(), Some(9));
+        assert_eq!(ClusterId::default().get(), None);
+        let d = ClusterId::default();
+        d.load(dir.path()).unwrap();
+        assert_eq!(d.get(), Some(9), "written to the data dir");
+        assert!(c.check(Some(7), true).is_err(), "and binds");
+        // Or this node forms the group after all: with an id of its own.
+        let e = ClusterId::default();
+        e.load(dir.path()).unwrap();
+        e.adopt_from_first_leader();
+        let new = e.make_for_new_group().unwrap().expect("an id made");
+        assert_ne!(new, 9);
+        assert!(e.check(Some(9), true).is_err(), "its own group's id binds");
 
         std::fs::write(dir.path().join(FILE), "cluster xyz\n").unwrap();
         let err = ClusterId::default().load(dir.path()).unwrap_err();
