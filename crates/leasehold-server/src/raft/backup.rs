@@ -260,8 +260,6 @@ async fn build_member(
         last_membership: StoredMembership::new(Some(last), membership),
     };
     format::open_data_dir(dir)?;
-    super::cluster_id::write_into(dir, cluster)
-        .with_context(|| format!("write the cluster id into {}", dir.display()))?;
     FileSnapshots::in_dir(dir).save(&meta, &encode_table(&table)?)?;
     // As a node that took that snapshot: its log purged up to it, and a
     // term at least the last entry's, so the new cluster's terms go on
@@ -269,6 +267,9 @@ async fn build_member(
     let mut log = LogStore::open(dir)?;
     log.save_vote(&Vote::new(last.leader_id.term, id)).await?;
     log.purge(last).await?;
+    // Last: an id with no data beside it binds nothing (see `cluster_id`).
+    super::cluster_id::write_into(dir, cluster)
+        .with_context(|| format!("write the cluster id into {}", dir.display()))?;
     Ok(Restored {
         index: last.index,
         next_fence,

@@ -13,10 +13,10 @@
 //! | this node | the caller | answer |
 //! |---|---|---|
 //! | id A | id A | served |
-//! | id A | id B, or none | refused: another cluster, or a build that sends none |
-//! | none, in no group when it started (no entry, no snapshot; a vote at most) | id B, sending entries or a snapshot | B is adopted (written to the data dir), served |
+//! | id A, data dir held a group or it joined one since | id B, or none | refused: another cluster, or a build that sends none |
+//! | none, in no group when it started (no entry, no snapshot; a vote at most) | id B, sending appends (heartbeats too) or a snapshot | B is adopted (written to the data dir), served |
 //! | none, in no group when it started | id B, a vote | served, nothing adopted (the group is forming) |
-//! | id A, in no group when it started | as for none above | the same: A binds nothing (see below) |
+//! | id A, in no group when it started | id B | as for none: A binds nothing (see below) |
 //! | none, data dir held a group | id B | refused: it belongs to a cluster without an id |
 //! | none | none | served (a cluster formed by 0.2.0, upgraded in place) |
 //!
@@ -24,9 +24,10 @@
 //! with none of its group's data: the node made it for a group it stopped
 //! before forming (killed between keeping the id and `initialize`), or took
 //! it from a leader whose entries it never kept. It is replaced by the id
-//! of the first leader that sends entries, or by a new one if this node
-//! forms the group; kept, it would refuse the group that formed without it
-//! until its data dir was wiped.
+//! of the first leader that sends it an append, or by a new one if this
+//! node forms the group; kept, it would refuse the group that formed
+//! without it until its data dir was wiped. Either way it binds from then
+//! on, as does A once a leader of cluster A has sent an append.
 //!
 //! A cluster formed by release 0.2.0 has no id and gets none: the check
 //! starts with clusters formed, restored or recovered by a later build.
@@ -320,11 +321,17 @@ mod tests {
         assert_eq!(c.get(), Some(7));
         c.check(Some(9), true).expect("its leader's entries");
         assert_eq!(c.get(), Some(9));
-        assert_eq!(ClusterId::default().get(), None);
         let d = ClusterId::default();
         d.load(dir.path()).unwrap();
         assert_eq!(d.get(), Some(9), "written to the data dir");
         assert!(c.check(Some(7), true).is_err(), "and binds");
+        // Reached by a leader of the id it kept: that id binds.
+        let f = ClusterId::default();
+        f.load(dir.path()).unwrap();
+        f.adopt_from_first_leader();
+        f.check(Some(9), true).expect("its own cluster's leader");
+        assert!(f.check(Some(7), true).is_err(), "the kept id binds now");
+        assert_eq!(f.get(), Some(9));
         // Or this node forms the group after all: with an id of its own.
         let e = ClusterId::default();
         e.load(dir.path()).unwrap();

@@ -37,7 +37,8 @@
 //! again. A peer that takes the connection and says nothing within
 //! `CONNECT_TIMEOUT` (a process still starting, or paused) is unreachable
 //! for now, as it would be over gRPC: the stream fails and openraft opens
-//! another.
+//! another. So is every node behind something that waits, silent, for an
+//! HTTP/2 preface: between such nodes, give them peer certificates.
 //!
 //! Both ends send TCP keep-alives and limit how long sent data may go
 //! unacknowledged ([`keep_alive`]): a follower whose leader's machine
@@ -70,8 +71,9 @@ const ANSWER: u8 = 0;
 const REFUSED: u8 = 1;
 /// The frame after the last request: empty (a request never is).
 const END: Bytes = Bytes::new();
-/// After a peer did not answer HELLO, appends to it go over gRPC for this
-/// long before it is asked again (an older build, until it is upgraded).
+/// After a peer answered HELLO in another protocol, appends to it go over
+/// gRPC for this long before it is asked again (an older build, until it
+/// is upgraded).
 const ASK_AGAIN_AFTER: Duration = Duration::from_secs(30);
 
 /// Keep-alive probes start after this long without traffic, go every this
@@ -171,7 +173,8 @@ impl Consensus {
     }
 }
 
-/// Peers that did not answer HELLO, and when they did not.
+/// Peers that answered HELLO in another protocol (an earlier build), and
+/// when.
 #[derive(Default)]
 pub(super) struct Refusals(Mutex<HashMap<(NodeId, String), Instant>>);
 
@@ -324,12 +327,12 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use openraft::errors::Fatal;
-    use openraft::raft::{AppendEntriesRequest, StreamAppendError, StreamAppendResult};
+    use openraft::raft::{StreamAppendError, StreamAppendResult};
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::raft::peer::{decode, encode};
-    use crate::raft::{leading_single_node, TypeConfig, Vote};
+    use crate::raft::peer::decode;
+    use crate::raft::{leading_single_node, stale_append, TypeConfig};
 
     const WITHIN: Duration = Duration::from_secs(5);
 
@@ -348,18 +351,6 @@ mod tests {
             }
         });
         addr
-    }
-
-    /// An append from a leader of term 0, which any node that has voted
-    /// refuses for its higher vote.
-    fn stale_append() -> Vec<u8> {
-        let request = AppendEntriesRequest::<TypeConfig> {
-            vote: Vote::new_committed(0, 2),
-            prev_log_id: None,
-            entries: Vec::new(),
-            leader_commit: None,
-        };
-        encode(&request).expect("encode")
     }
 
     async fn open_to(addr: &str, cluster: Option<u64>, requests: Vec<Vec<u8>>) -> Opened {

@@ -570,25 +570,19 @@ mod tests {
     use std::time::Duration;
 
     use openraft::errors::Fatal;
-    use openraft::raft::{AppendEntriesRequest, StreamAppendError, StreamAppendResult};
+    use openraft::raft::{StreamAppendError, StreamAppendResult};
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::raft::peer::{decode, encode};
-    use crate::raft::{leading_single_node, TypeConfig, Vote};
+    use crate::raft::peer::decode;
+    use crate::raft::{leading_single_node, stale_append, TypeConfig};
 
     const WITHIN: Duration = Duration::from_secs(5);
 
-    /// A stream of one append from a leader of term 0 (any node that has
-    /// voted refuses it), kept open.
-    fn stale_append() -> futures::stream::BoxStream<'static, Vec<u8>> {
-        let stale = AppendEntriesRequest::<TypeConfig> {
-            vote: Vote::new_committed(0, 2),
-            prev_log_id: None,
-            entries: Vec::new(),
-            leader_commit: None,
-        };
-        futures::stream::iter(vec![encode(&stale).expect("encode")])
+    /// A stream of one append that any node that has voted refuses, kept
+    /// open.
+    fn stale_appends() -> futures::stream::BoxStream<'static, Vec<u8>> {
+        futures::stream::iter(vec![stale_append()])
             .chain(futures::stream::pending())
             .boxed()
     }
@@ -628,7 +622,7 @@ mod tests {
         let cluster = consensus.shared.context.cluster.clone();
         let transport = GrpcTransport::new(None, None, cluster).counting_streams(streams.clone());
         for _ in 0..2 {
-            let opening = transport.append_stream(2, &addr, stale_append());
+            let opening = transport.append_stream(2, &addr, stale_appends());
             let mut answers = tokio::time::timeout(WITHIN, opening)
                 .await
                 .expect("opened within 5 s")
@@ -661,7 +655,7 @@ mod tests {
         let streams = Family::<TransportLabel, Counter>::default();
         let cluster = consensus.shared.context.cluster.clone();
         let transport = GrpcTransport::new(None, None, cluster).counting_streams(streams.clone());
-        let opening = transport.append_stream(2, &addr, stale_append());
+        let opening = transport.append_stream(2, &addr, stale_appends());
         let opened = tokio::time::timeout(WITHIN, opening)
             .await
             .expect("an outcome within 5 s");

@@ -371,6 +371,19 @@ pub(crate) async fn leading_single_node(dir: &std::path::Path) -> Consensus {
     consensus
 }
 
+/// An encoded append from a leader of term 0, which any node that has
+/// voted refuses for its higher vote.
+#[cfg(test)]
+pub(crate) fn stale_append() -> Vec<u8> {
+    let request = openraft::raft::AppendEntriesRequest::<TypeConfig> {
+        vote: Vote::new_committed(0, 2),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    peer::encode(&request).expect("encode")
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
