@@ -6,6 +6,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use leasehold_server::raft::backup::{force_new_cluster, restore, Restored};
+use leasehold_server::raft::dir_lock::{DirLock, DirLockError};
 
 use crate::parse_peers;
 
@@ -15,7 +16,8 @@ pub enum Admin {
     /// Verify a data dir offline, changing nothing: its format, vote,
     /// snapshot (checksums and table) and every log record, and that the
     /// log joins the snapshot. Exits 1 on a problem, naming the file and
-    /// the byte. Run it on a stopped node's data dir, or on a copy.
+    /// the byte. Run it on a stopped node's data dir, or on a copy: while a
+    /// node runs on it, it is refused (exit 2).
     Check {
         /// The data dir.
         #[arg(long, env = "LEASEHOLD_DATA_DIR")]
@@ -105,6 +107,22 @@ pub fn run_admin(admin: Admin) -> std::process::ExitCode {
             report("force-new-cluster", &what, node_id, &members, done)
         }
         Admin::Check { data_dir } => {
+            // A log being written reads as damage: only a stopped node's.
+            let _reading = match DirLock::shared(&data_dir) {
+                Ok(lock) => lock,
+                Err(DirLockError::InUse { pid, .. }) => {
+                    let by = pid.map_or(String::new(), |p| format!(" (pid {p})"));
+                    eprintln!(
+                        "leaseholdd check: a node is running on {}{by}: check a stopped node's data dir, or a copy of it",
+                        data_dir.display()
+                    );
+                    return std::process::ExitCode::from(crate::EXIT_CONFIG);
+                }
+                Err(e) => {
+                    eprintln!("leaseholdd check: {e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
             let report = leasehold_server::raft::check::check_data_dir(&data_dir);
             println!("checking {}", data_dir.display());
             for line in &report.lines {
@@ -156,7 +174,13 @@ fn report(
         }
         Err(e) => {
             eprintln!("leaseholdd {command}: {e:#}");
-            std::process::ExitCode::FAILURE
+            // Refused as a second process on a data dir: as for a flag.
+            match e.downcast_ref::<DirLockError>() {
+                Some(DirLockError::InUse { .. }) => {
+                    std::process::ExitCode::from(crate::EXIT_CONFIG)
+                }
+                _ => std::process::ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -14,6 +14,7 @@ use admin::{run_admin, Admin};
 use leasehold_server::admission::{Quotas, TokenQuota};
 use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
+use leasehold_server::raft::dir_lock::{DirLock, DirLockError};
 use leasehold_server::raft::RaftOptions;
 use leasehold_server::server::{self, ClusterConfig, Config};
 use leasehold_server::tls::{Tls, TlsFiles};
@@ -351,6 +352,18 @@ fn main() -> std::process::ExitCode {
         Ok(s) => s,
         Err(e) => return fail(EXIT_CONFIG, e),
     };
+    // Before the data dir is read and the port bound: a second process on
+    // this data dir reads nothing and takes nothing.
+    let lock = match DirLock::exclusive(&config.0.data_dir) {
+        Ok(lock) => lock,
+        Err(e @ DirLockError::InUse { .. }) => return fail(EXIT_CONFIG, e.into()),
+        Err(e) => return fail(1, e.into()),
+    };
+    tracing::info!(
+        max_connections = config.0.limits.max_connections,
+        open_files_limit = fd_limit,
+        "connection limits"
+    );
     let threads = config.1;
     let runtime = match threads {
         1 => tokio::runtime::Builder::new_current_thread(),
@@ -366,7 +379,7 @@ fn main() -> std::process::ExitCode {
         Ok(r) => r,
         Err(e) => return fail(1, anyhow::Error::new(e).context("start the async runtime")),
     };
-    match runtime.block_on(serve(listen, config.0)) {
+    match runtime.block_on(serve(lock, listen, config.0)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => fail(1, e),
     }
@@ -446,11 +459,6 @@ fn settings(args: Args, fd_limit: Option<u64>) -> anyhow::Result<(SocketAddr, (C
     let max_connections = args
         .max_connections
         .unwrap_or(default.max_connections.min(fit));
-    tracing::info!(
-        max_connections,
-        open_files_limit = fd_limit,
-        "connection limits"
-    );
     let config = Config {
         data_dir: args.data_dir,
         raft: RaftOptions {
@@ -489,14 +497,14 @@ fn size(n: u64) -> usize {
     usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-async fn serve(listen: SocketAddr, config: Config) -> anyhow::Result<()> {
+async fn serve(lock: DirLock, listen: SocketAddr, config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("bind listener on {listen}"))?;
     if let Some(tls) = config.tls.clone() {
         tokio::spawn(reload_on_hangup(tls));
     }
-    server::run(config, listener, shutdown_signal()).await
+    server::run_locked(lock, config, listener, shutdown_signal()).await
 }
 
 /// Reads the TLS files again on each SIGHUP (renewed certificates); open

@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 
 use crate::conn::{self, Gate, Limits};
 use crate::context::NodeContext;
+use crate::raft::dir_lock::DirLock;
 use crate::raft::{Consensus, NodeId, NodeSpec, RaftOptions};
 use crate::service::LockService;
 use crate::tls::Tls;
@@ -49,12 +50,33 @@ pub struct ClusterConfig {
     pub members: BTreeMap<NodeId, String>,
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then stops cleanly.
+/// Serves the API on `listener` until `shutdown` resolves, then stops
+/// cleanly. Refused with [`DirLockError::InUse`](crate::raft::dir_lock::DirLockError::InUse)
+/// if another process (or another server in this one) has the data dir.
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let lock = DirLock::exclusive(&config.data_dir)?;
+    run_locked(lock, config, listener, shutdown).await
+}
+
+/// [`run`] on a data dir this process has locked already (`leaseholdd`
+/// locks it before it binds its port, so a second one takes no port at
+/// all). The lock is let go once everything has stopped.
+pub async fn run_locked(
+    lock: DirLock,
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        lock.dir() == config.data_dir,
+        "the lock held is on {}, not on the data dir {}",
+        lock.dir().display(),
+        config.data_dir.display()
+    );
     let addr = listener.local_addr().context("read listener address")?;
     let spec = match &config.cluster {
         None => NodeSpec::single(&addr.to_string()),
@@ -193,6 +215,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let _ = driver.await;
     consensus.shutdown().await;
+    drop(lock);
     match failed {
         Some(why) => anyhow::bail!("raft stopped: {why}"),
         None => Ok(()),

@@ -21,6 +21,7 @@ use anyhow::Context;
 use openraft::storage::RaftLogStorage;
 use openraft::Membership;
 
+use super::dir_lock::{DirLock, LOCK_FILE};
 use super::format::{self, encode_table};
 use super::log_store::records::read_log;
 use super::log_store::LogStore;
@@ -141,7 +142,9 @@ pub async fn restore(
     members: &BTreeMap<NodeId, String>,
     fence_floor: u64,
 ) -> anyhow::Result<Restored> {
-    check_new_member(dir, id, members)?;
+    check_member(id, members)?;
+    let _lock = DirLock::exclusive(dir)?;
+    check_empty(dir)?;
     let (meta, table) = FileSnapshots::at(backup.to_path_buf())
         .load()
         .with_context(|| format!("read the backup {}", backup.display()))?
@@ -166,12 +169,16 @@ pub async fn force_new_cluster(
     fence_floor: u64,
 ) -> anyhow::Result<Restored> {
     let members = BTreeMap::from([(id, addr.to_string())]);
-    check_new_member(into, id, &members)?;
+    // The survivor must be stopped: a node writing it would be read torn.
+    check_member(id, &members)?;
+    let _reading = DirLock::shared(survivor)?;
     anyhow::ensure!(
         format::read_dir_format(survivor)?.is_some(),
         "{} holds no data dir",
         survivor.display()
     );
+    let _lock = DirLock::exclusive(into)?;
+    check_empty(into)?;
     let (meta, mut table) = match FileSnapshots::in_dir(survivor).load()? {
         Some((meta, table)) => (meta, table),
         None => (SnapshotMeta::default(), leasehold_core::LockTable::new()),
@@ -209,20 +216,23 @@ pub async fn force_new_cluster(
     .await
 }
 
-/// Fails unless `dir` may become member `id` of `members`.
-fn check_new_member(
-    dir: &Path,
-    id: NodeId,
-    members: &BTreeMap<NodeId, String>,
-) -> anyhow::Result<()> {
+/// Fails unless node `id` is one of `members`.
+fn check_member(id: NodeId, members: &BTreeMap<NodeId, String>) -> anyhow::Result<()> {
     anyhow::ensure!(
         members.contains_key(&id),
         "node {id} is not among the members {:?}: give --node-id one of --peers",
         members.keys().collect::<Vec<_>>()
     );
-    if let Ok(mut entries) = std::fs::read_dir(dir) {
+    Ok(())
+}
+
+/// Fails unless `dir`, locked by this process, holds nothing but its lock.
+fn check_empty(dir: &Path) -> anyhow::Result<()> {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let mut others =
+            entries.filter(|e| e.as_ref().map_or(true, |e| e.file_name() != LOCK_FILE));
         anyhow::ensure!(
-            entries.next().is_none(),
+            others.next().is_none(),
             "{} is not empty: this builds a new data dir; move that one aside or name another",
             dir.display()
         );

@@ -20,6 +20,7 @@
 //!   frames, beside gRPC on the same port.
 //! - `cluster`: membership: status, add, remove.
 //! - [`check`]: `leaseholdd check`, a data dir verified offline.
+//! - [`dir_lock`]: one process per data dir (an exclusive `flock`).
 //! - `log_store`: the log on disk, its segments indexed by entry range.
 //! - `disk`: what the log needs of a disk ([`LogDisk`]), and the real one.
 //! - [`format`]: format versions of the data dir, the table's encoding and
@@ -37,6 +38,7 @@ mod batch;
 pub mod check;
 mod cluster;
 pub mod cluster_id;
+pub mod dir_lock;
 mod disk;
 pub mod format;
 pub mod framed;
