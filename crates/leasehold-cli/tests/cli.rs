@@ -459,6 +459,90 @@ fn acquire_ends_its_session_lease_on_ctrl_c() {
     assert_eq!(leases(), serde_json::json!([]));
 }
 
+/// Every way a `run` or an `acquire` ends without holding the lock (75,
+/// a command that cannot start, a signal while waiting) ends the session
+/// lease it made: with `--max-leases 2`, refused runs never fill the node.
+#[test]
+fn every_exit_path_ends_the_leases_it_made() {
+    let server = Leaseholdd::start_with(&["--max-leases", "2"]);
+    let leases = || -> Vec<u64> {
+        let body = leasehold_testkit::http_get(&server.addr, "/v1/leases").expect("leases");
+        let list: serde_json::Value = serde_json::from_str(&body).expect("json");
+        list["leases"]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|l| l["lease"].as_u64().expect("an id"))
+            .collect()
+    };
+    let mut holder = leasehold(&server)
+        .args(["acquire", "held", "--ttl", "60s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    first_line(&mut holder);
+    let held = leases();
+    assert_eq!(held.len(), 1, "{held:?}");
+
+    let code = |args: &[&str]| run(&server, args).status.code();
+    for _ in 0..3 {
+        assert_eq!(code(&["run", "held", "--", "true"]), Some(75));
+        assert_eq!(leases(), held, "after a run that exited 75");
+        assert_eq!(code(&["acquire", "held", "--ttl", "60s"]), Some(75));
+        assert_eq!(leases(), held, "after an acquire that exited 75");
+        assert_eq!(
+            code(&["run", "held", "--wait", "300ms", "--", "true"]),
+            Some(75)
+        );
+        assert_eq!(leases(), held, "after a wait that timed out");
+    }
+
+    // A command that cannot start: 127 (none such) or 126 (not
+    // executable), as env(1) says, and the lock and its lease are let go.
+    let out = run(&server, &["run", "free", "--", "no-such-command-anywhere"]);
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-such-command-anywhere"),
+        "{out:?}"
+    );
+    assert_eq!(leases(), held, "after a command that did not start");
+    let dir = tmp();
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, "echo hi\n").expect("write");
+    let out = run(
+        &server,
+        &["run", "free", "--", &plain.display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert_eq!(leases(), held, "after a command that could not be run");
+
+    // A signal while waiting in the queue: the wait ends, so does its lease.
+    for (args, sig, exit) in [
+        (
+            vec!["run", "held", "--wait", "60s", "--", "true"],
+            libc::SIGINT,
+            130,
+        ),
+        (vec!["acquire", "held", "--wait", "60s"], libc::SIGTERM, 143),
+    ] {
+        let mut waiting = leasehold(&server).args(&args).spawn().expect("spawn");
+        wait_until(Duration::from_secs(10), "the waiter's lease", || {
+            leases().len() == 2
+        });
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(waiting.id() as i32, sig) };
+        assert_eq!(waiting.wait().expect("wait").code(), Some(exit), "{args:?}");
+        assert_eq!(leases(), held, "after {args:?} was stopped by a signal");
+    }
+
+    // The node has room for an unrelated key: nothing leaked.
+    assert_eq!(code(&["run", "other", "--", "true"]), Some(0));
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGINT) };
+    assert_eq!(holder.wait().expect("wait").code(), Some(0));
+    assert_eq!(leases(), Vec::<u64>::new());
+}
+
 #[test]
 fn an_unreachable_endpoint_is_a_clear_error() {
     let port = leasehold_testkit::free_port();

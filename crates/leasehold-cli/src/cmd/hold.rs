@@ -17,10 +17,23 @@ pub async fn acquire(
     wait: Option<Duration>,
     as_json: bool,
 ) -> anyhow::Result<i32> {
+    // Listening before the wait, and before the fence is printed: ctrl-c
+    // while waiting ends the wait, and a script that reads the fence and
+    // sends SIGINT at once gets a release, not a killed process. The
+    // caller ends the session lease on every path (see `cmd::using`).
+    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
     let opts = LockOptions::default().ttl(ttl);
-    let result = match wait {
-        Some(w) if !w.is_zero() => client.acquire(key, opts.wait(w)).await,
-        _ => client.try_acquire(key, opts).await,
+    let taking = async {
+        match wait {
+            Some(w) if !w.is_zero() => client.acquire(key, opts.wait(w)).await,
+            _ => client.try_acquire(key, opts).await,
+        }
+    };
+    let result = tokio::select! {
+        result = taking => result,
+        _ = interrupt.recv() => return Ok(super::exit_by_signal(libc::SIGINT)),
+        _ = term.recv() => return Ok(super::exit_by_signal(libc::SIGTERM)),
     };
     let lease = match result {
         Ok(lease) => lease,
@@ -30,10 +43,6 @@ pub async fn acquire(
         }
         Err(e) => return Err(e).with_context(|| format!("acquire {key}")),
     };
-    // Listening before the fence is printed: a script that reads it and
-    // sends SIGINT at once gets a release, not a killed process.
-    let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
     let fence = lease.fence().map_or_else(String::new, |f| f.to_string());
     if as_json {
         println!("{}", json!({ "key": key, "fence": lease.fence() }));
@@ -44,25 +53,20 @@ pub async fn acquire(
     tokio::select! {
         _ = lease.lost() => {
             eprintln!("leasehold: lease on {key} lost: {}", lease.lost_reason());
-            client.close().await;
             return Ok(EXIT_LOST);
         }
         why = ended_elsewhere(client, key, token), if lease.fence().is_some() => {
             eprintln!("leasehold: {why}");
             drop(lease);
-            client.close().await;
             return Ok(EXIT_LOST);
         }
         _ = interrupt.recv() => {}
         _ = term.recv() => {}
     }
-    let released = lease
+    lease
         .release()
         .await
-        .with_context(|| format!("release {key}"));
-    // The session lease the lock hung off ends too, not at its TTL.
-    client.close().await;
-    released?;
+        .with_context(|| format!("release {key}"))?;
     Ok(0)
 }
 

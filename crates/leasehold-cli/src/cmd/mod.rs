@@ -43,13 +43,13 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     if let Some(h) = &cli.holder {
         builder = builder.holder(h);
     }
-    let client = || async {
+    let connect = |builder: leasehold::ClientBuilder| async {
         builder
-            .clone()
             .connect()
             .await
             .with_context(|| format!("connect to {}", cli.endpoint))
     };
+    let client = || connect(builder.clone());
     match cli.command {
         Command::Run {
             key,
@@ -66,20 +66,18 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 (None, true) => leasehold::Mode::Shared,
                 (None, false) => leasehold::Mode::Exclusive,
             };
-            run::run(
-                &client().await?,
-                &key,
-                run::Options {
-                    ttl,
-                    wait,
-                    grace,
-                    lock_delay,
-                    mode,
-                    proclaim: None,
-                    forever: false,
-                },
-                &command,
-            )
+            let options = run::Options {
+                ttl,
+                wait,
+                grace,
+                lock_delay,
+                mode,
+                proclaim: None,
+                forever: false,
+            };
+            using(client().await, async |c| {
+                run::run(c, &key, options, &command).await
+            })
             .await
         }
         Command::Elect {
@@ -89,33 +87,49 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             grace,
             command,
         } => {
-            let client = builder
-                .clone()
-                .holder(value.clone())
-                .connect()
-                .await
-                .with_context(|| format!("connect to {}", cli.endpoint))?;
             let options = run::Options {
                 ttl,
                 wait: None,
                 grace,
                 lock_delay: std::time::Duration::ZERO,
                 mode: leasehold::Mode::Exclusive,
-                proclaim: Some(value),
+                proclaim: Some(value.clone()),
                 forever: true,
             };
-            run::run(&client, &name, options, &command).await
+            let client = connect(builder.clone().holder(value)).await;
+            using(client, async |c| {
+                run::run(c, &name, options, &command).await
+            })
+            .await
         }
         Command::Acquire {
             key,
             ttl,
             wait,
             json,
-        } => hold::acquire(&client().await?, &key, ttl, wait, json).await,
-        Command::Release { key, fence } => hold::release(&client().await?, &key, fence).await,
-        Command::Status { prefix, json } => status::status(&client().await?, &prefix, json).await,
+        } => {
+            using(client().await, async |c| {
+                hold::acquire(c, &key, ttl, wait, json).await
+            })
+            .await
+        }
+        Command::Release { key, fence } => {
+            using(client().await, async |c| {
+                hold::release(c, &key, fence).await
+            })
+            .await
+        }
+        Command::Status { prefix, json } => {
+            using(client().await, async |c| {
+                status::status(c, &prefix, json).await
+            })
+            .await
+        }
         Command::Leader { name, watch, json } => {
-            status::leader(&client().await?, &name, watch, json).await
+            using(client().await, async |c| {
+                status::leader(c, &name, watch, json).await
+            })
+            .await
         }
         Command::Bench {
             workload,
@@ -148,8 +162,18 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             key,
             account,
             deposit,
-        } => demo::worker(&client().await?, &key, &account, deposit).await,
-        Command::Watch { prefix, json } => status::watch(&client().await?, &prefix, json).await,
+        } => {
+            using(client().await, async |c| {
+                demo::worker(c, &key, &account, deposit).await
+            })
+            .await
+        }
+        Command::Watch { prefix, json } => {
+            using(client().await, async |c| {
+                status::watch(c, &prefix, json).await
+            })
+            .await
+        }
         Command::Cluster { action } => match action {
             ClusterAction::Status { json } => cluster::status(&target, json).await,
             ClusterAction::Add { id, addr } => cluster::add(&target, id, &addr).await,
@@ -188,6 +212,25 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         // Reads the state file only; connects to nothing.
         Command::Check { state } => check::check(state),
     }
+}
+
+/// Runs `command` with `client`, then ends the client's session leases
+/// whatever the command returned: an exit 75, an error or a signal leaves
+/// no lease behind to live out its TTL.
+async fn using(
+    client: anyhow::Result<Client>,
+    command: impl AsyncFnOnce(&Client) -> anyhow::Result<i32>,
+) -> anyhow::Result<i32> {
+    let client = client?;
+    let result = command(&client).await;
+    client.close().await;
+    result
+}
+
+/// The exit code of a command stopped by signal `sig`, as a shell
+/// reports it (130 for SIGINT, 143 for SIGTERM).
+pub fn exit_by_signal(sig: i32) -> i32 {
+    128 + sig
 }
 
 #[cfg(test)]

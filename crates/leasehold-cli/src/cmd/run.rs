@@ -105,9 +105,22 @@ fn send(child: &Child, sig: i32) {
     }
 }
 
+/// Why the command did not start.
+enum Spawn {
+    /// The system refused to run it (no such program, not executable).
+    NotStarted {
+        program: String,
+        error: std::io::Error,
+    },
+    /// Anything else.
+    Other(anyhow::Error),
+}
+
 /// Starts the command in its own process group, to die with this process.
-fn spawn(command: &[String], key: &str, fence: &str, state: &StateFile) -> anyhow::Result<Child> {
-    let (program, args) = command.split_first().context("no command given")?;
+fn spawn(command: &[String], key: &str, fence: &str, state: &StateFile) -> Result<Child, Spawn> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| Spawn::Other(anyhow::anyhow!("no command given")))?;
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env("LEASEHOLD_KEY", key)
@@ -135,7 +148,10 @@ fn spawn(command: &[String], key: &str, fence: &str, state: &StateFile) -> anyho
             Ok(())
         });
     }
-    cmd.spawn().with_context(|| format!("start {program}"))
+    cmd.spawn().map_err(|error| Spawn::NotStarted {
+        program: program.clone(),
+        error,
+    })
 }
 
 /// Stops the child's group: SIGTERM, then SIGKILL after `grace`.
@@ -147,26 +163,20 @@ async fn stop(child: &mut Child, grace: Duration) {
     }
 }
 
-pub async fn run(
-    client: &Client,
-    key: &str,
-    o: Options,
-    command: &[String],
-) -> anyhow::Result<i32> {
-    let Some(lease) = take(client, key, &o).await? else {
-        return Ok(EXIT_NOT_ACQUIRED);
-    };
-    let fence = lease.fence().map(|f| f.to_string()).unwrap_or_default();
-    let state = StateFile::create()?;
-    let token = lease.fence().unwrap_or(0);
-    state.live(token, lease.deadline())?;
-    let mut child = spawn(command, key, &fence, &state)?;
-    let mut refresh = tokio::time::interval(REFRESH);
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut written = lease.deadline();
+/// Exit code of a command that could not be started at all, as `env` and
+/// `timeout` report it: 127 when there is no such program, 126 when it
+/// cannot be run.
+fn not_started(e: &std::io::Error) -> i32 {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => 127,
+        _ => 126,
+    }
+}
 
-    // Signals sent to `leasehold run` are passed on to the command.
-    let (sig_tx, mut sig_rx) = tokio::sync::mpsc::unbounded_channel();
+/// Every signal passed on to the command, from now on; `None` once none
+/// can arrive any more.
+fn passed_on() -> anyhow::Result<tokio::sync::mpsc::UnboundedReceiver<i32>> {
+    let (sig_tx, sig_rx) = tokio::sync::mpsc::unbounded_channel();
     for kind in [
         SignalKind::terminate(),
         SignalKind::interrupt(),
@@ -183,6 +193,45 @@ pub async fn run(
             }
         });
     }
+    Ok(sig_rx)
+}
+
+/// Runs `command` while holding `key`; the caller ends the client's
+/// session leases afterwards, on every path (see `cmd::using`).
+pub async fn run(
+    client: &Client,
+    key: &str,
+    o: Options,
+    command: &[String],
+) -> anyhow::Result<i32> {
+    // Listening from the start: a signal while waiting for the lock ends
+    // the wait (and, by the caller, the session) instead of the process.
+    let mut sig_rx = passed_on()?;
+    let taken = tokio::select! {
+        taken = take(client, key, &o) => taken?,
+        Some(sig) = sig_rx.recv() => return Ok(super::exit_by_signal(sig)),
+    };
+    let Some(lease) = taken else {
+        return Ok(EXIT_NOT_ACQUIRED);
+    };
+    let fence = lease.fence().map(|f| f.to_string()).unwrap_or_default();
+    let state = StateFile::create()?;
+    let token = lease.fence().unwrap_or(0);
+    state.live(token, lease.deadline())?;
+    let mut child = match spawn(command, key, &fence, &state) {
+        Ok(child) => child,
+        Err(Spawn::NotStarted { program, error }) => {
+            eprintln!("leasehold: cannot run {program}: {error}");
+            if let Err(e) = lease.release().await {
+                eprintln!("leasehold: releasing {key}: {e}");
+            }
+            return Ok(not_started(&error));
+        }
+        Err(Spawn::Other(e)) => return Err(e),
+    };
+    let mut refresh = tokio::time::interval(REFRESH);
+    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut written = lease.deadline();
 
     let lost = lease.lost();
     tokio::pin!(lost);
@@ -195,14 +244,12 @@ pub async fn run(
                 if let Err(e) = lease.release().await {
                     eprintln!("leasehold: releasing {key}: {e}");
                 }
-                client.close().await;
                 return Ok(exit_code(status));
             }
             _ = &mut lost => {
                 let _ = state.lost(token);
                 eprintln!("leasehold: lease on {key} lost ({}); stopping the command", lease.lost_reason());
                 stop(&mut child, o.grace).await;
-                client.close().await;
                 return Ok(EXIT_LOST);
             }
             why = &mut ended, if lease.fence().is_some() => {
@@ -210,7 +257,6 @@ pub async fn run(
                 eprintln!("leasehold: {why}; stopping the command");
                 stop(&mut child, o.grace).await;
                 drop(lease);
-                client.close().await;
                 return Ok(EXIT_LOST);
             }
             _ = refresh.tick() => {
