@@ -88,7 +88,6 @@ async fn offline_commands_refuse_a_data_dir_a_node_runs_on() {
     let d = dir.display().to_string();
     acquire(&server.addr, "a").await;
     let tmp = tempfile::tempdir().expect("tempdir");
-    let backup = tmp.path().join("backup");
     let into = tmp.path().join("into");
     let into_s = into.display().to_string();
 
@@ -99,6 +98,8 @@ async fn offline_commands_refuse_a_data_dir_a_node_runs_on() {
         "{out:?}"
     );
 
+    let backup =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/snapshot-file-v2-table-v1.bin");
     let out = leaseholdd(&["restore", &backup.display().to_string(), "--data-dir", &d]);
     assert_refused("restore", &out, &dir, pid);
 

@@ -143,8 +143,7 @@ pub async fn restore(
     fence_floor: u64,
 ) -> anyhow::Result<Restored> {
     check_member(id, members)?;
-    let _lock = DirLock::exclusive(dir)?;
-    check_empty(dir)?;
+    // Read first: a backup that cannot be restored creates nothing.
     let (meta, table) = FileSnapshots::at(backup.to_path_buf())
         .load()
         .with_context(|| format!("read the backup {}", backup.display()))?
@@ -152,6 +151,7 @@ pub async fn restore(
     let last = meta
         .last_log_id
         .context("the backup holds no log entry: there is nothing to restore")?;
+    let _lock = lock_empty(dir)?;
     build_member(dir, id, members, last, table, fence_floor, None).await
 }
 
@@ -177,8 +177,7 @@ pub async fn force_new_cluster(
         "{} holds no data dir",
         survivor.display()
     );
-    let _lock = DirLock::exclusive(into)?;
-    check_empty(into)?;
+    let _lock = lock_empty(into)?;
     let (meta, mut table) = match FileSnapshots::in_dir(survivor).load()? {
         Some((meta, table)) => (meta, table),
         None => (SnapshotMeta::default(), leasehold_core::LockTable::new()),
@@ -226,18 +225,22 @@ fn check_member(id: NodeId, members: &BTreeMap<NodeId, String>) -> anyhow::Resul
     Ok(())
 }
 
-/// Fails unless `dir`, locked by this process, holds nothing but its lock.
-fn check_empty(dir: &Path) -> anyhow::Result<()> {
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        let mut others =
-            entries.filter(|e| e.as_ref().map_or(true, |e| e.file_name() != LOCK_FILE));
-        anyhow::ensure!(
-            others.next().is_none(),
+/// Locks `dir` (absent or empty) to build a new data dir in it; refuses,
+/// leaving it as it was, one that holds anything.
+fn lock_empty(dir: &Path) -> anyhow::Result<DirLock> {
+    let lock = DirLock::exclusive(dir)?;
+    let others = std::fs::read_dir(dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .filter(|e| e.as_ref().map_or(true, |e| e.file_name() != LOCK_FILE))
+        .count();
+    if others > 0 {
+        lock.undo();
+        anyhow::bail!(
             "{} is not empty: this builds a new data dir; move that one aside or name another",
             dir.display()
         );
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// Writes the data dir of member `id` of a new cluster of `members` whose

@@ -20,6 +20,11 @@
 //! - **In one process too.** A second open of the file in the same process
 //!   is refused like another process's (flock locks belong to the open
 //!   file), so a test that starts a server twice on one dir sees it as well.
+//! - **The file locked is the file named.** A lock is held on an open file,
+//!   and the name may have moved to another file meanwhile (a refused
+//!   restore removes what it made, its lock file too): after locking, the
+//!   file must still be the one at the path, or it is opened and locked
+//!   again.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read, Write};
@@ -69,6 +74,8 @@ pub struct DirLock {
     /// Holding the open file is holding the lock.
     _file: File,
     dir: PathBuf,
+    /// Whether locking created the dir, and the lock file in it.
+    created: (bool, bool),
 }
 
 impl DirLock {
@@ -80,26 +87,51 @@ impl DirLock {
             dir: dir.to_path_buf(),
             source,
         };
+        let created_dir = !dir.exists();
         fs::create_dir_all(dir).map_err(io)?;
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(LOCK_FILE))
-            .map_err(io)?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => return Err(in_use(dir, &mut file)),
-            Err(TryLockError::Error(e)) => return Err(io(e)),
+        let path = dir.join(LOCK_FILE);
+        loop {
+            let created_file = !path.exists();
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(io)?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => return Err(in_use(dir, &mut file)),
+                Err(TryLockError::Error(e)) => return Err(io(e)),
+            }
+            if !same_file(&file, &path).map_err(io)? {
+                continue;
+            }
+            file.set_len(0).map_err(io)?;
+            file.write_all(format!("{}\n", std::process::id()).as_bytes())
+                .map_err(io)?;
+            return Ok(DirLock {
+                _file: file,
+                dir: dir.to_path_buf(),
+                created: (created_dir, created_file),
+            });
         }
-        file.set_len(0).map_err(io)?;
-        file.write_all(format!("{}\n", std::process::id()).as_bytes())
-            .map_err(io)?;
-        Ok(DirLock {
-            _file: file,
-            dir: dir.to_path_buf(),
-        })
+    }
+
+    /// Lets go of a dir this process locked only to find it may not use
+    /// it: removes the lock file if locking made it, and the dir too if
+    /// locking made that and it is empty again, so a refused command leaves
+    /// the dir as it found it.
+    pub fn undo(self) {
+        let (created_dir, created_file) = self.created;
+        // Removed while still locked: whoever opens the old file next finds
+        // it gone from its path (see `same_file`).
+        if created_file {
+            let _ = fs::remove_file(self.dir.join(LOCK_FILE));
+        }
+        if created_dir {
+            let _ = fs::remove_dir(&self.dir);
+        }
     }
 
     /// Locks `dir` shared, for a process that only reads it. `None` when
@@ -120,6 +152,7 @@ impl DirLock {
             Ok(()) => Ok(Some(DirLock {
                 _file: file,
                 dir: dir.to_path_buf(),
+                created: (false, false),
             })),
             Err(TryLockError::WouldBlock) => Err(in_use(dir, &mut file)),
             Err(TryLockError::Error(source)) => Err(DirLockError::Io {
@@ -132,6 +165,17 @@ impl DirLock {
     /// The locked data dir.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// Whether `file` is the file at `path` now (not one removed from there).
+fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let open = file.metadata()?;
+    match fs::metadata(path) {
+        Ok(named) => Ok(open.dev() == named.dev() && open.ino() == named.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -184,6 +228,39 @@ mod tests {
             DirLock::exclusive(&dir).is_err(),
             "a writer waits for the readers"
         );
+    }
+
+    #[test]
+    fn undoing_a_lock_leaves_the_dir_as_it_was_found() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let fresh = tmp.path().join("fresh");
+        DirLock::exclusive(&fresh).expect("lock").undo();
+        assert!(!fresh.exists(), "a dir the lock made is gone again");
+        let kept = tmp.path().join("kept");
+        fs::create_dir_all(&kept).expect("mkdir");
+        fs::write(kept.join("data"), "x").expect("write");
+        DirLock::exclusive(&kept).expect("lock").undo();
+        let left: Vec<_> = fs::read_dir(&kept).expect("read").collect();
+        assert_eq!(left.len(), 1, "only what was there before");
+        // A lock file that was there stays.
+        fs::write(kept.join(LOCK_FILE), "1\n").expect("write");
+        DirLock::exclusive(&kept).expect("lock").undo();
+        assert!(kept.join(LOCK_FILE).exists());
+    }
+
+    #[test]
+    fn a_lock_on_a_file_removed_from_its_path_is_taken_again() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        // Another process opened the file, then lost the race: the file it
+        // holds open was removed, and locking it would lock nothing.
+        fs::write(tmp.path().join(LOCK_FILE), "").expect("write");
+        let stale = File::open(tmp.path().join(LOCK_FILE)).expect("open");
+        fs::remove_file(tmp.path().join(LOCK_FILE)).expect("remove");
+        assert!(!same_file(&stale, &tmp.path().join(LOCK_FILE)).expect("stat"));
+        let lock = DirLock::exclusive(tmp.path()).expect("lock");
+        assert!(tmp.path().join(LOCK_FILE).exists());
+        assert!(DirLock::exclusive(tmp.path()).is_err());
+        drop(lock);
     }
 
     #[test]
