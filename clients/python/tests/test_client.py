@@ -321,6 +321,76 @@ def test_a_cluster_client_follows_the_leader_through_a_kill(cluster):
         assert again.token() > token
 
 
+def _wait_for(what, ready, within=20.0):
+    until = time.monotonic() + within
+    while not ready():
+        assert time.monotonic() < until, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_a_watch_and_an_observer_go_on_across_a_kill_of_their_node(cluster):
+    """Both stream from a follower, the first endpoint they are given; it is
+    killed while a writer takes and releases keys and the election changes
+    hands. Every event arrives once, in order (the same list, position by
+    position, as a watch from the start on a node never killed), and the
+    observer sees every leader."""
+    leader = cluster.leader()
+    order = [n for n in (1, 2, 3) if n != leader] + [leader]
+    follower_first = ",".join(cluster.addrs[n] for n in order)
+    watcher = leasehold.Client(follower_first)
+    seen = []
+    threading.Thread(target=lambda: [seen.append(e) for e in watcher.watch("w/")], daemon=True).start()
+    observer = leasehold.Client(follower_first)
+    leaders = []
+    threading.Thread(
+        target=lambda: [leaders.append(x.value if x else None) for x in observer.election("boss").observe()],
+        daemon=True,
+    ).start()
+    _wait_for("the observer's first answer", lambda: leaders == [None])
+
+    stop = threading.Event()
+
+    def write() -> None:
+        client = leasehold.Client(cluster.url)
+        i = 0
+        while not stop.is_set():
+            try:
+                with client.try_lock(f"w/{i}", ttl=5):
+                    pass
+            except leasehold.LeaseholdError:
+                pass  # refused in the failover: the events say what happened
+            i += 1
+            time.sleep(0.005)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    a = leasehold.Client(cluster.url, holder="a")
+    lead_a = a.election("boss").campaign("a", ttl=5)
+    _wait_for("20 events", lambda: len(seen) >= 20)
+    cluster.kill(order[0])
+    lead_a.resign()
+    b = leasehold.Client(cluster.url, holder="b")
+    lead_b = b.election("boss").campaign("b", ttl=5)
+    before = len(seen)
+    _wait_for("40 events after the kill", lambda: len(seen) >= before + 40)
+    stop.set()
+    writer.join(10)
+    _wait_for("every leader", lambda: len(leaders) >= 4)
+    assert leaders == [None, "a", None, "b"]
+    lead_b.resign()
+
+    positions = [(e.index, e.seq) for e in seen]
+    assert all(x < y for x, y in zip(positions, positions[1:])), "in order, none twice"
+    reference = leasehold.Client(cluster.addrs[order[2]])
+    expected = []
+    for e in reference.watch("w/", after=(0, 2**32 - 1)):
+        expected.append(e)
+        if (e.index, e.seq) >= positions[-1]:
+            break
+    start = [(e.index, e.seq) for e in expected].index(positions[0])
+    assert seen[: len(expected) - start] == expected[start:]
+
+
 def test_async_election(server):
     async def main() -> None:
         async with leasehold.AsyncClient(server.url, holder="w") as w, leasehold.AsyncClient(

@@ -228,14 +228,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print lock events as they happen.
+    /// Print lock events as they happen. The watch goes on at another
+    /// endpoint if its node goes, missing nothing; if events were lost all
+    /// the same (`watch_behind`), it says so and exits 1.
     Watch {
         /// Only keys with this prefix.
         #[arg(default_value = "")]
         prefix: String,
-        /// Print JSON lines.
+        /// Print JSON lines (each with its `index` and `seq`).
         #[arg(long)]
         json: bool,
+        /// Start just after this event (`INDEX` or `INDEX.SEQ`, from an
+        /// earlier watch's JSON): every event since, then on.
+        #[arg(long, value_name = "INDEX[.SEQ]", value_parser = parse_position)]
+        after: Option<(u64, u32)>,
     },
 }
 
@@ -375,6 +381,19 @@ enum Demo {
     /// A paused holder's stale write: without a fence gate it corrupts the
     /// result, with one it is refused.
     Fencing,
+}
+
+/// An event's position as `--after` takes it: `INDEX` (after that whole
+/// entry) or `INDEX.SEQ`.
+fn parse_position(s: &str) -> Result<(u64, u32), String> {
+    let bad = || format!("{s:?} is not INDEX or INDEX.SEQ (an event's index and seq)");
+    match s.split_once('.') {
+        None => Ok((s.parse().map_err(|_| bad())?, u32::MAX)),
+        Some((index, seq)) => Ok((
+            index.parse().map_err(|_| bad())?,
+            seq.parse().map_err(|_| bad())?,
+        )),
+    }
 }
 
 fn main() {

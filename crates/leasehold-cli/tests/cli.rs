@@ -775,6 +775,102 @@ fn check_outside_run_says_there_is_no_lease() {
 /// `leasehold cluster` against a real 3-node cluster, given one follower's
 /// address: it finds the leader, shows every member with its lag, adds a
 /// fourth, and refuses to remove a node that is not a member.
+/// `leasehold watch` and `leasehold leader --watch`, given every node with a
+/// follower first, stream from that follower; it is `kill -9`ed between
+/// runs that take keys and between two leaders. Each event arrives once, in
+/// order (the same lines as `watch --after 0` on a node never killed), and
+/// each leader is printed.
+#[test]
+fn watch_and_leader_go_on_across_a_kill_of_their_node() {
+    use std::io::BufRead;
+    let mut c = leasehold_testkit::Cluster::start(3);
+    let leader = c.wait_leader();
+    let order = [(leader + 1) % 3, (leader + 2) % 3, leader];
+    let follower_first = format!(
+        "http://{}",
+        order
+            .iter()
+            .map(|&i| c.nodes[i].addr.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let lines_of = |args: &[&str], endpoint: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .env("LEASEHOLD_ENDPOINT", endpoint)
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let (mut watch, watched) = lines_of(&["watch", "--json", "w/"], &follower_first);
+    let (mut leaders, led) = lines_of(&["leader", "boss", "--watch"], &follower_first);
+    let next = |rx: &std::sync::mpsc::Receiver<String>| {
+        rx.recv_timeout(Duration::from_secs(20))
+            .expect("a line within 20 s")
+    };
+    assert_eq!(next(&led), "(none)");
+    let all = c.endpoints();
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .env("LEASEHOLD_ENDPOINT", &all)
+            .args(args)
+            .output()
+            .expect("run leasehold")
+    };
+    let elect = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .env("LEASEHOLD_ENDPOINT", &all)
+            .args(["elect", "boss", "--value", value, "--", "sleep", "60"])
+            .spawn()
+            .expect("spawn elect")
+    };
+    let mut a = elect("a");
+    assert!(next(&led).starts_with("a  fence="));
+    for i in 0..5 {
+        assert_eq!(
+            cli(&["run", &format!("w/{i}"), "--", "true"]).status.code(),
+            Some(0)
+        );
+    }
+    c.kill(order[0]);
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
+    a.wait().expect("wait");
+    let mut b = elect("b");
+    for i in 5..10 {
+        // Failovers refuse some: the events say what happened.
+        cli(&["run", &format!("w/{i}"), "--", "true"]);
+    }
+    assert_eq!(next(&led), "(none)");
+    assert!(next(&led).starts_with("b  fence="));
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(b.id() as i32, libc::SIGTERM) };
+    b.wait().expect("wait");
+
+    let reference = c.nodes[order[2]].url();
+    let (mut whole, history) = lines_of(&["watch", "--json", "--after", "0", "w/"], &reference);
+    let expected: Vec<String> =
+        std::iter::from_fn(|| history.recv_timeout(Duration::from_secs(3)).ok()).collect();
+    let seen: Vec<String> =
+        std::iter::from_fn(|| watched.recv_timeout(Duration::from_millis(500)).ok()).collect();
+    assert!(expected.len() >= 10, "{expected:?}");
+    assert_eq!(seen, expected);
+    for child in [&mut watch, &mut leaders, &mut whole] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 #[test]
 fn cluster_status_add_and_remove() {
     let mut c = leasehold_testkit::Cluster::start(3);

@@ -8,7 +8,8 @@
 //! - [`raft`]: openraft glue. The lock table from `leasehold-core` is the state
 //!   machine; the log and snapshots live on disk with group commit. All openraft
 //!   types stay in this module.
-//! - `hub`: hands applied events to queued acquirers and watch streams.
+//! - [`hub`]: hands applied events to queued acquirers and watch streams, and
+//!   keeps the recent ones for watches that resume.
 //! - [`context`]: the node's metrics and auth cache, passed where needed.
 //! - `auth_cache`: callers' tokens, remembered until auth changes.
 //! - [`service`]: the operations, validated at the edge, over [`raft::Consensus`].
@@ -27,7 +28,7 @@ pub mod config_file;
 pub mod conn;
 pub mod context;
 pub mod expiry;
-mod hub;
+pub mod hub;
 mod metrics;
 pub mod raft;
 pub mod server;

@@ -158,6 +158,7 @@ async fn a_token_touches_and_sees_only_its_prefixes() {
     let mut events = watcher
         .watch(pb::WatchRequest {
             prefix: String::new(),
+            ..Default::default()
         })
         .await
         .expect("watch")

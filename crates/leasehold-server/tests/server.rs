@@ -323,6 +323,7 @@ async fn watch_streams_acquired_released_and_expired() {
     let mut stream = c
         .watch(pb::WatchRequest {
             prefix: "jobs/".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -910,37 +911,138 @@ async fn recent_events_held_keys_and_waits_over_http() {
     assert_eq!(health["leader_url"], json!(server.url()), "{health}");
 }
 
-/// A watch that falls so far behind that events were dropped ends with its
-/// own code, `watch_behind` (list again, then watch again), not `internal`.
-#[tokio::test]
-async fn a_watch_that_falls_behind_says_so_with_its_own_code() {
-    let server = Leaseholdd::start();
+/// Takes `sets` lock sets of 64 keys `bulk/SET/K` under one new lease; its id.
+async fn hold_bulk(server: &Leaseholdd, sets: usize) -> u64 {
     let (_, lease) = post(
-        &server,
+        server,
         "/v1/leases",
         json!({"ttl_ms": 60_000, "holder": "bulk"}),
     )
     .await;
     let lease = lease["lease"].as_u64().expect("lease");
-    // 66 sets of 64 keys: more lock events in one revoke than a watcher's
-    // buffer (4,096) holds.
-    for set in 0..66 {
+    for set in 0..sets {
         let keys: Vec<String> = (0..64).map(|k| format!("bulk/{set}/{k}")).collect();
-        let (status, body) = post(
-            &server,
-            "/v1/acquire",
-            json!({"keys": keys, "lease": lease}),
-        )
-        .await;
+        let (status, body) =
+            post(server, "/v1/acquire", json!({"keys": keys, "lease": lease})).await;
         assert_eq!(status, 200, "{body}");
     }
-    let watch = common::RawWatch::open(&server.addr, "/v1/watch?prefix=bulk/", None).await;
+    lease
+}
+
+async fn revoke(server: &Leaseholdd, lease: u64) {
     let r = reqwest::Client::new()
         .delete(format!("{}/v1/leases/{lease}", server.url()))
         .send()
         .await
         .expect("revoke");
     assert_eq!(r.status().as_u16(), 200);
+}
+
+/// A watcher that falls behind its stream's buffer (4,096 events) takes
+/// what it missed from the node's history (10,000 events) and misses
+/// nothing; one that falls behind the history too ends with its own code,
+/// `watch_behind` (list again, then watch again), not `internal`.
+#[tokio::test]
+async fn a_watch_that_falls_behind_catches_up_or_says_so_with_its_own_code() {
+    let server = Leaseholdd::start();
+    // 66 sets of 64 keys: more lock events in one revoke than a watcher's
+    // buffer holds, fewer than the history keeps.
+    let lease = hold_bulk(&server, 66).await;
+    let mut watch = common::SseWatch::open(&server.addr, "/v1/watch?prefix=bulk/", &[])
+        .await
+        .expect("watch");
+    revoke(&server, lease).await;
+    let events = watch.events(66 * 64).await;
+    let ids: Vec<&str> = events.iter().map(|(id, _)| id.as_str()).collect();
+    assert!(
+        events.iter().all(|(_, e)| e["kind"] == "released"),
+        "every event is a release, none an error"
+    );
+    let distinct: std::collections::BTreeSet<&str> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), 66 * 64, "none twice");
+
+    // 160 sets: more than the history keeps.
+    let lease = hold_bulk(&server, 160).await;
+    let watch = common::RawWatch::open(&server.addr, "/v1/watch?prefix=bulk/", None).await;
+    revoke(&server, lease).await;
     let error = watch.error().await;
     assert_eq!(error["error"]["code"], "watch_behind", "{error}");
+}
+
+/// Every event carries its position (`index`, `seq`, and `INDEX.SEQ` as the
+/// server-sent event's id); a watch started after one sends exactly what
+/// came after it, given as query parameters or as the `Last-Event-ID` an
+/// `EventSource` sends when it reconnects. A node that no longer has those
+/// events (it started from a later snapshot) answers 410 `watch_behind`.
+#[tokio::test]
+async fn a_watch_resumes_after_the_last_event_it_sent() {
+    let mut server = Leaseholdd::start_with(&["--snapshot-every", "20"]);
+    let mut first = common::SseWatch::open(&server.addr, "/v1/watch?prefix=r/", &[])
+        .await
+        .expect("watch");
+    for i in 0..5 {
+        let (status, body) = post(
+            &server,
+            "/v1/acquire",
+            json!({"key": format!("r/{i}"), "ttl_ms": 60_000}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let all = first.events(5).await;
+    for (id, e) in &all {
+        assert_eq!(*id, format!("{}.{}", e["index"], e["seq"]), "{e}");
+    }
+    let keys = |events: &[(String, serde_json::Value)]| -> Vec<String> {
+        events
+            .iter()
+            .map(|(_, e)| e["key"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let (id, e) = &all[1];
+    let by_query = format!(
+        "/v1/watch?prefix=r/&after_index={}&after_seq={}",
+        e["index"], e["seq"]
+    );
+    let mut resumed = common::SseWatch::open(&server.addr, &by_query, &[])
+        .await
+        .expect("resume by query");
+    assert_eq!(keys(&resumed.events(3).await), keys(&all[2..]));
+    let mut resumed = common::SseWatch::open(
+        &server.addr,
+        "/v1/watch?prefix=r/",
+        &[("Last-Event-ID", id)],
+    )
+    .await
+    .expect("resume by Last-Event-ID");
+    assert_eq!(keys(&resumed.events(3).await), keys(&all[2..]));
+
+    for (path, header) in [
+        ("/v1/watch?after_seq=1", None),
+        ("/v1/watch", Some("seven")),
+        ("/v1/watch?after_index=1", Some("2.0")),
+    ] {
+        let headers: Vec<(&str, &str)> = header.map(|h| ("Last-Event-ID", h)).into_iter().collect();
+        let refused = common::SseWatch::open(&server.addr, path, &headers).await;
+        let (status, body) = refused.err().expect("refused");
+        assert_eq!(status, 400, "{path} {header:?}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_argument", "{body}");
+    }
+
+    // Enough commands for snapshots, then a restart: the node's events
+    // begin after its snapshot.
+    for i in 0..60 {
+        let (status, body) = post(
+            &server,
+            "/v1/acquire",
+            json!({"key": format!("s/{i}"), "ttl_ms": 60_000}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    server.crash_and_restart();
+    let refused = common::SseWatch::open(&server.addr, &by_query, &[]).await;
+    let (status, body) = refused.err().expect("behind");
+    assert_eq!(status, 410, "{body}");
+    assert_eq!(body["error"]["code"], "watch_behind", "{body}");
 }

@@ -317,6 +317,12 @@ async fn with_auth_on_the_dashboard_shows_what_its_token_may_read() {
             t.contains("enter an access token")
         })
         .await;
+    // The events pane says why it has no stream, instead of reconnecting.
+    browser
+        .wait_text("stream", "the stream asking for a token", |t| {
+            t.contains("enter an access token")
+        })
+        .await;
     let enter = format!(
         "document.getElementById('token').value = {}; document.getElementById('auth').requestSubmit();",
         json!(viewer)

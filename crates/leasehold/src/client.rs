@@ -273,12 +273,28 @@ impl Client {
         }))
     }
 
-    /// A stream of lock events under a prefix (leaseholdd).
+    /// A stream of lock events under a prefix from now on (leaseholdd).
+    /// It outlives the node it comes from: a broken stream goes on at
+    /// another endpoint after the last event it delivered, losing and
+    /// repeating nothing, or ends with [`Error::WatchBehind`] when no node
+    /// still has those events (list again, then watch again).
     pub async fn watch(
         &self,
         prefix: &str,
     ) -> Result<futures::stream::BoxStream<'static, Result<LockEvent>>> {
-        self.backend.watch(prefix).await
+        self.backend.watch(prefix, None).await
+    }
+
+    /// [`Client::watch`] from just after the event at `index` and `seq`
+    /// (an event's [`LockEvent::index`] and [`LockEvent::seq`], from an
+    /// earlier watch): every event since, then on as `watch` does.
+    pub async fn watch_after(
+        &self,
+        prefix: &str,
+        index: u64,
+        seq: u32,
+    ) -> Result<futures::stream::BoxStream<'static, Result<LockEvent>>> {
+        self.backend.watch(prefix, Some((index, seq))).await
     }
 
     /// Releases `key` if `fence` still holds it; never anyone else's hold.

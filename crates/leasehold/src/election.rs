@@ -115,52 +115,68 @@ impl Election {
     /// The leader now, then every change: `Some` when a leader proclaims (a
     /// new one, or a new value), `None` when the leader goes (resigned, or
     /// its lease expired) and nobody has proclaimed since. Every leader that
-    /// proclaims while the stream is read is seen, in order.
+    /// proclaims while the stream is read is seen, in order. The stream
+    /// outlives the node it comes from (the watch resumes elsewhere); should
+    /// events be lost all the same (`watch_behind`), it reads the election
+    /// again and reports the leader then, if it changed.
     pub async fn observe(&self) -> Result<BoxStream<'static, Result<Option<Leader>>>> {
-        // Subscribe first, then read: an event from before the read is
-        // recognised by its token and changes nothing.
-        let events = self.client.watch(&self.name).await?;
-        let state = Observed {
-            holder: None,
-            last: None,
-            name: self.name.clone(),
-        };
-        let (state, first) = match self.client.status(&self.name).await {
-            Ok(locks) => {
-                let mut state = state;
-                if let Some(lock) = locks.into_iter().find(|l| l.key == self.name) {
-                    state.holder = lock.fence;
-                    if let (Some(fence), Some((saved_by, value))) = (lock.fence, lock.checkpoint) {
-                        if saved_by == fence {
-                            state.last = Some(Leader {
-                                value,
-                                fence,
-                                holder: lock.holder,
-                            });
-                        }
-                    }
-                }
-                let first = state.last.clone();
-                (state, first)
-            }
-            Err(e) => return Err(e),
-        };
-        let changes =
-            futures::stream::unfold((events, state), |(mut events, mut state)| async move {
+        let (events, state) = self.follow().await?;
+        let first = state.last.clone();
+        let election = self.clone();
+        let changes = futures::stream::unfold(
+            (election, events, state),
+            |(election, mut events, mut state)| async move {
                 loop {
                     match events.next().await? {
-                        Err(e) => return Some((Err(e), (events, state))),
+                        Err(Error::WatchBehind { .. }) => match election.follow().await {
+                            Ok((again, now)) => {
+                                events = again;
+                                let change = state.report(now.last.clone());
+                                state = now;
+                                if let Some(change) = change {
+                                    return Some((Ok(change), (election, events, state)));
+                                }
+                            }
+                            Err(e) => return Some((Err(e), (election, events, state))),
+                        },
+                        Err(e) => return Some((Err(e), (election, events, state))),
                         Ok(event) => {
                             if let Some(change) = state.apply(event) {
-                                return Some((Ok(change), (events, state)));
+                                return Some((Ok(change), (election, events, state)));
                             }
                         }
                     }
                 }
-            });
+            },
+        );
         Ok(futures::stream::once(async move { Ok(first) })
             .chain(changes)
             .boxed())
+    }
+
+    /// Watches the key, then reads who leads: an event from before the read
+    /// is recognised by its token and changes nothing.
+    async fn follow(&self) -> Result<(BoxStream<'static, Result<LockEvent>>, Observed)> {
+        let events = self.client.watch(&self.name).await?;
+        let mut state = Observed {
+            holder: None,
+            last: None,
+            name: self.name.clone(),
+        };
+        let locks = self.client.status(&self.name).await?;
+        if let Some(lock) = locks.into_iter().find(|l| l.key == self.name) {
+            state.holder = lock.fence;
+            if let (Some(fence), Some((saved_by, value))) = (lock.fence, lock.checkpoint) {
+                if saved_by == fence {
+                    state.last = Some(Leader {
+                        value,
+                        fence,
+                        holder: lock.holder,
+                    });
+                }
+            }
+        }
+        Ok((events, state))
     }
 }
 

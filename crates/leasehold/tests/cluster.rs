@@ -538,3 +538,107 @@ async fn a_wiped_follower_is_rebuilt_after_snapshots_under_load() {
     .expect("the leader grants");
     lease.release().await.unwrap();
 }
+
+/// Reads `n` more events into `seen`, each within 20 s.
+async fn read(
+    events: &mut futures::stream::BoxStream<'static, leasehold::Result<leasehold::LockEvent>>,
+    seen: &mut Vec<leasehold::LockEvent>,
+    n: usize,
+) {
+    let until = seen.len() + n;
+    while seen.len() < until {
+        let e = tokio::time::timeout(Duration::from_secs(20), events.next())
+            .await
+            .expect("the watch goes on within 20 s")
+            .expect("the stream does not end")
+            .expect("no error");
+        seen.push(e);
+    }
+}
+
+/// A watch given every endpoint outlives the node it streams from: a writer
+/// takes and releases keys while the follower streaming the watch is
+/// `kill -9`ed, then (with it back) the node the watch went on at. Every
+/// event arrives once, in order: the same list, position by position, as a
+/// watch from the start on the node never killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_goes_on_across_kills_of_the_node_it_streams_from() {
+    let _serial = serial().await;
+    let mut c = Cluster::start(3);
+    let leader = c.wait_leader();
+    // The watch's node is the first endpoint it is given: a follower.
+    let order = [(leader + 1) % 3, (leader + 2) % 3, leader];
+    let watch_endpoints = format!(
+        "http://{}",
+        order
+            .iter()
+            .map(|&i| c.nodes[i].addr.clone())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let watcher = Client::connect(&watch_endpoints).await.unwrap();
+    let mut events = watcher.watch("w/").await.unwrap();
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (endpoints, stop) = (c.endpoints(), stop.clone());
+        tokio::spawn(async move {
+            let client = Client::connect(&endpoints).await.unwrap();
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                // Failovers refuse some: the events say what happened.
+                if let Ok(lease) = client.try_acquire(&format!("w/{i}"), opts(5_000)).await {
+                    let _ = lease.release().await;
+                }
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+
+    let mut seen = Vec::new();
+    read(&mut events, &mut seen, 20).await;
+    c.kill(order[0]);
+    read(&mut events, &mut seen, 40).await;
+    c.restart(order[0]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The watch went on at the next endpoint: kill that one too (the
+    // leader, maybe: the writer's client follows the new one).
+    c.kill(order[1]);
+    read(&mut events, &mut seen, 40).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.await.unwrap();
+
+    let positions: Vec<(u64, u32)> = seen.iter().map(|e| (e.index, e.seq)).collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "in order, none twice: {positions:?}"
+    );
+    // The whole history, from the node never killed.
+    let reference = Client::connect(&c.nodes[order[2]].url()).await.unwrap();
+    let mut all = reference.watch_after("w/", 0, u32::MAX).await.unwrap();
+    let last = *positions.last().expect("events");
+    let mut expected = Vec::new();
+    while expected
+        .last()
+        .is_none_or(|e: &leasehold::LockEvent| (e.index, e.seq) < last)
+    {
+        let e = tokio::time::timeout(Duration::from_secs(10), all.next())
+            .await
+            .expect("the history")
+            .expect("the stream does not end")
+            .expect("no error");
+        expected.push(e);
+    }
+    let first = expected
+        .iter()
+        .position(|e| (e.index, e.seq) == positions[0])
+        .expect("the first event watched is in the history");
+    let describe = |events: &[leasehold::LockEvent]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| format!("{}.{} {} {} {}", e.index, e.seq, e.kind, e.key, e.fence))
+            .collect()
+    };
+    assert_eq!(describe(&seen), describe(&expected[first..]));
+}

@@ -19,21 +19,29 @@ from ._core import DEFAULT_ENDPOINT, MAX_PERMITS, Retry
 from .aio import AsyncClient, AsyncLease
 from .client import Client, Lease
 from .election import AsyncElection, AsyncLeadership, Election, Leader, Leadership
+from ._core import WatchEvent
 from .errors import (
     Held,
+    Internal,
     InvalidArgument,
     LeaseExpired,
     LeaseholdError,
     LeaseLost,
     LeaseNotFound,
     LockDelayed,
+    MethodNotAllowed,
+    NotAdded,
+    NotFound,
     NotLeader,
     OutcomeUnknown,
     PermissionDenied,
+    ResourceExhausted,
     StaleFence,
+    TlsRequired,
     Unauthenticated,
     Unavailable,
     WaitTimeout,
+    WatchBehind,
 )
 from .fence import FenceGate, fence_clause, fenced_update
 
@@ -47,6 +55,7 @@ __all__ = [
     "Election",
     "FenceGate",
     "Held",
+    "Internal",
     "InvalidArgument",
     "Leader",
     "Leadership",
@@ -57,14 +66,21 @@ __all__ = [
     "LeaseholdError",
     "LockDelayed",
     "MAX_PERMITS",
+    "MethodNotAllowed",
+    "NotAdded",
+    "NotFound",
     "NotLeader",
     "OutcomeUnknown",
     "PermissionDenied",
+    "ResourceExhausted",
     "Retry",
     "StaleFence",
     "Unauthenticated",
+    "TlsRequired",
     "Unavailable",
     "WaitTimeout",
+    "WatchBehind",
+    "WatchEvent",
     "fence_clause",
     "fenced_update",
 ]

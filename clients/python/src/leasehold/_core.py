@@ -3,13 +3,15 @@ retry rules and the lease's clock. No I/O here."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import random
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import errors
 
@@ -277,3 +279,108 @@ def retryable(err: errors.LeaseholdError, retry_codes: tuple) -> bool:
     """Nothing was done (retry anywhere), or the outcome is unknown and the
     call carries a request id (``retry_codes``)."""
     return err.code in NOT_DONE or err.code in retry_codes
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """A lock event: ``kind`` is ``acquired``, ``released``, ``expired`` or
+    ``checkpoint`` (``data`` holds the bytes saved). ``index`` and ``seq``
+    place it in the deployment's history: the same on every node."""
+
+    kind: str
+    key: str
+    fence: int
+    lease: int
+    holder: str
+    index: int
+    seq: int
+    data: Optional[bytes] = None
+
+
+#: How long a broken watch looks for a node to go on at.
+WATCH_RESUME_FOR = 30.0
+
+
+class Watching:
+    """One watch across the streams it is read from: reads server-sent
+    events line by line and knows where to resume. No I/O here.
+
+    1. A stream that breaks (its node killed, stopped or cut off) is opened
+       again on the next endpoint after the last event delivered
+       (``after_index``, ``after_seq``): nothing is lost or repeated.
+    2. A node that no longer has those events answers ``watch_behind``,
+       raised as :class:`~leasehold.WatchBehind`: list, then watch again.
+    3. Reopening goes on for :data:`WATCH_RESUME_FOR` seconds without a
+       stream; then :class:`~leasehold.Unavailable`.
+    4. Only what is safe to resume is resumed: a refusal with a code other
+       than ``unavailable`` or ``not_leader`` is raised as it is.
+    """
+
+    def __init__(self, prefix: str, after: Optional[Tuple[int, int]] = None) -> None:
+        self.prefix = prefix
+        #: The last event delivered, as ``(index, seq)``.
+        self.after = after
+        self._kind: Optional[str] = None
+        self._data: List[str] = []
+        self._broken_since: Optional[float] = None
+        self._attempt = 0
+
+    def params(self) -> Dict[str, Any]:
+        """The query that opens the stream where it stands."""
+        params: Dict[str, Any] = {"prefix": self.prefix}
+        if self.after is not None:
+            params["after_index"], params["after_seq"] = self.after
+        return params
+
+    def opened(self) -> None:
+        """A stream is open: the clock of :data:`WATCH_RESUME_FOR` stops."""
+        self._broken_since = None
+        self._attempt = 0
+
+    def broke(self, why: str) -> float:
+        """The stream broke (or could not open): the pause before the next
+        attempt (50 ms, doubling to a second); raises
+        :class:`~leasehold.Unavailable` once reopening has gone on too long."""
+        self._kind, self._data = None, []
+        now = time.monotonic()
+        if self._broken_since is None:
+            self._broken_since = now
+        elif now - self._broken_since > WATCH_RESUME_FOR:
+            raise errors.Unavailable(f"watch on {self.prefix!r}: no node took it for {WATCH_RESUME_FOR:.0f} s: {why}")
+        pause = min(0.05 * 2**self._attempt, 1.0)
+        self._attempt = min(self._attempt + 1, 5)
+        return pause
+
+    def line(self, line: str) -> Optional[WatchEvent]:
+        """One line of the stream: the event it completes, if it does.
+        Raises the error an ``error`` event carries."""
+        if line.startswith("event:"):
+            self._kind = line[len("event:") :].strip()
+        elif line.startswith("data:"):
+            self._data.append(line[len("data:") :].strip())
+        elif line == "" and self._kind is not None:
+            body = json.loads("\n".join(self._data)) if self._data else {}
+            kind, self._kind, self._data = self._kind, None, []
+            if kind == "error":
+                # The same JSON body as any other refusal, as its own type.
+                raise errors.from_body(0, body)
+            event = WatchEvent(
+                kind=kind,
+                key=str(body.get("key", "")),
+                fence=int(body.get("fence", 0)),
+                lease=int(body.get("lease", 0)),
+                holder=str(body.get("holder", "")),
+                index=int(body.get("index", 0)),
+                seq=int(body.get("seq", 0)),
+                data=base64.b64decode(body["data_base64"]) if "data_base64" in body else None,
+            )
+            # A server from before positions sends none: resume from now.
+            if event.index:
+                self.after = (event.index, event.seq)
+            return event
+        return None
+
+
+def resumable(err: errors.LeaseholdError) -> bool:
+    """Whether a watch refused with ``err`` may go on at another node."""
+    return err.code in NOT_DONE

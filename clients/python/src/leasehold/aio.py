@@ -14,7 +14,7 @@ import base64
 import os
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, AsyncIterator, Dict, List, Optional, Tuple, Union
 
 import httpx
 
@@ -28,11 +28,14 @@ from ._core import (
     LeaseState,
     Number,
     Retry,
+    Watching,
+    WatchEvent,
     acquire_body,
     checkpoint_of,
     default_holder,
     outcome,
     request_id,
+    resumable,
     retryable,
 )
 
@@ -194,6 +197,41 @@ class AsyncClient:
 
     async def describe(self, key: str) -> Dict[str, Any]:
         return await self._call("GET", "/v1/locks/" + urllib.parse.quote(key, safe="/"), None)
+
+    async def watch(self, prefix: str = "", *, after: Optional[Tuple[int, int]] = None) -> AsyncIterator[WatchEvent]:
+        """Lock events under ``prefix``; see :meth:`leasehold.Client.watch`."""
+        async for event in self._watch(Watching(prefix, after)):
+            if event is not None:
+                yield event
+
+    async def _watch(self, watching: Watching) -> AsyncIterator[Optional[WatchEvent]]:
+        timeout = httpx.Timeout(self.timeout, read=None)
+        while True:
+            url = self.endpoints.current() + "/v1/watch"
+            try:
+                async with self._http.stream("GET", url, params=watching.params(), timeout=timeout) as r:
+                    if not r.is_success:
+                        await r.aread()
+                        err = outcome(self.endpoints, r.status_code, False, r.json())
+                        if err is not None and not resumable(err):
+                            raise err
+                        why = str(err)
+                    else:
+                        watching.opened()
+                        yield None
+                        async for line in r.aiter_lines():
+                            event = watching.line(line)
+                            if event is not None:
+                                yield event
+                        why = "the node closed the stream"
+            except httpx.TransportError as e:
+                why = f"{url}: {e}"
+            except errors.LeaseholdError as e:
+                if not resumable(e):
+                    raise
+                why = str(e)
+            self.endpoints.next()
+            await asyncio.sleep(watching.broke(why))
 
     async def _acquire(
         self,

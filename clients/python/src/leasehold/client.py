@@ -6,7 +6,7 @@ import base64
 import threading
 import time
 import urllib.parse
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import httpx
 
@@ -20,11 +20,14 @@ from ._core import (
     LeaseState,
     Number,
     Retry,
+    Watching,
+    WatchEvent,
     acquire_body,
     checkpoint_of,
     default_holder,
     outcome,
     request_id,
+    resumable,
     retryable,
 )
 
@@ -243,6 +246,49 @@ class Client:
     def locks(self, prefix: str = "") -> List[Dict[str, Any]]:
         """Locks under a prefix (the first page of up to 10,000)."""
         return self._call("GET", "/v1/locks", None, params={"prefix": prefix})["locks"]
+
+    def watch(self, prefix: str = "", *, after: Optional[Tuple[int, int]] = None) -> Iterator[WatchEvent]:
+        """Lock events under ``prefix`` as they happen (or every one after
+        ``after``, an earlier event's ``(index, seq)``), until the generator
+        is closed. The watch outlives the node it streams from: it goes on at
+        another endpoint after the last event delivered, losing and repeating
+        nothing; :class:`~leasehold.WatchBehind` if no node has those events
+        any more (list, then watch again)."""
+        for event in self._watch(Watching(prefix, after)):
+            if event is not None:
+                yield event
+
+    def _watch(self, watching: Watching) -> Iterator[Optional[WatchEvent]]:
+        """The events of ``watching``, with ``None`` each time a stream
+        opens (so an observer reads the state after subscribing)."""
+        timeout = httpx.Timeout(self.timeout, read=None)
+        while True:
+            url = self.endpoints.current() + "/v1/watch"
+            try:
+                with self._http.stream("GET", url, params=watching.params(), timeout=timeout) as r:
+                    if not r.is_success:
+                        r.read()
+                        err = outcome(self.endpoints, r.status_code, False, r.json())
+                        if err is not None and not resumable(err):
+                            raise err
+                        why = str(err)
+                    else:
+                        watching.opened()
+                        yield None
+                        for line in r.iter_lines():
+                            event = watching.line(line)
+                            if event is not None:
+                                yield event
+                        why = "the node closed the stream"
+            except httpx.TransportError as e:
+                why = f"{url}: {e}"
+            except errors.LeaseholdError as e:
+                # An error event: a node stopping may go on elsewhere.
+                if not resumable(e):
+                    raise
+                why = str(e)
+            self.endpoints.next()
+            time.sleep(watching.broke(why))
 
     def _acquire(
         self,

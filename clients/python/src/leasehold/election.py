@@ -17,13 +17,11 @@ one's::
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Protocol, Union
-
-import httpx
+from typing import Any, AsyncIterator, Dict, Iterator, Optional, Protocol, Tuple, Union
 
 from . import errors
+from ._core import Watching, WatchEvent
 
 
 # What an election needs of a client and its leases. The clients import this
@@ -44,11 +42,12 @@ class Lease(Protocol):
 
 class Client(Protocol):
     endpoints: Any
-    _http: httpx.Client
 
     def lock(self, key: str, ttl: float, wait: Optional[float] = None) -> Any: ...
 
     def describe(self, key: str) -> Dict[str, Any]: ...
+
+    def _watch(self, watching: Watching) -> Iterator[Optional[WatchEvent]]: ...
 
 
 class AsyncLease(Protocol):
@@ -65,11 +64,12 @@ class AsyncLease(Protocol):
 
 class AsyncClient(Protocol):
     endpoints: Any
-    _http: httpx.AsyncClient
 
     async def lock(self, key: str, ttl: float, wait: Optional[float] = None) -> Any: ...
 
     async def describe(self, key: str) -> Dict[str, Any]: ...
+
+    def _watch(self, watching: Watching) -> AsyncIterator[Optional[WatchEvent]]: ...
 
 
 @dataclass(frozen=True)
@@ -152,20 +152,32 @@ class Election:
     def observe(self) -> Iterator[Optional[Leader]]:
         """The leader now, then every change: a :class:`Leader` when one
         proclaims (a new leader, or a new value), ``None`` when the leader
-        goes. Runs until the generator is closed."""
-        url = self.client.endpoints.current() + "/v1/watch"
-        timeout = httpx.Timeout(5.0, read=None)
-        with self.client._http.stream("GET", url, params={"prefix": self.name}, timeout=timeout) as r:
-            if not r.is_success:
-                r.read()
-                raise errors.from_body(r.status_code, r.json())
-            # Subscribed: now read the state, so no change falls between.
-            observer = _Observer(self.name, self.client.describe(self.name))
-            yield observer.last
-            for line in r.iter_lines():
-                change = observer.line(line)
-                if change is not _NOTHING:
-                    yield change
+        goes. Runs until the generator is closed. It outlives the node it
+        streams from (the watch goes on elsewhere, missing nothing); should
+        events be lost all the same (``watch_behind``), it reads the election
+        again and reports the leader then, if it changed."""
+        observer: Optional[_Observer] = None
+        watching = Watching(self.name)
+        while True:
+            try:
+                for event in self.client._watch(watching):
+                    if event is None:
+                        # A stream opened: read the state now, so no change
+                        # falls between (first, and after events were lost).
+                        if observer is None or observer.stale:
+                            change = _Observer.read(observer, self.name, self.client.describe(self.name))
+                            observer = change[0]
+                            if change[1] is not _NOTHING:
+                                yield change[1]
+                        continue
+                    if observer is not None:
+                        change = observer.event(event)
+                        if change is not _NOTHING:
+                            yield change
+            except errors.WatchBehind:
+                watching = Watching(self.name)
+                if observer is not None:
+                    observer.stale = True
 
 
 class AsyncElection:
@@ -198,18 +210,27 @@ class AsyncElection:
         return _leader_of(await self.client.describe(self.name))
 
     async def observe(self) -> AsyncIterator[Optional[Leader]]:
-        url = self.client.endpoints.current() + "/v1/watch"
-        timeout = httpx.Timeout(5.0, read=None)
-        async with self.client._http.stream("GET", url, params={"prefix": self.name}, timeout=timeout) as r:
-            if not r.is_success:
-                await r.aread()
-                raise errors.from_body(r.status_code, r.json())
-            observer = _Observer(self.name, await self.client.describe(self.name))
-            yield observer.last
-            async for line in r.aiter_lines():
-                change = observer.line(line)
-                if change is not _NOTHING:
-                    yield change
+        """See :meth:`Election.observe`."""
+        observer: Optional[_Observer] = None
+        watching = Watching(self.name)
+        while True:
+            try:
+                async for event in self.client._watch(watching):
+                    if event is None:
+                        if observer is None or observer.stale:
+                            change = _Observer.read(observer, self.name, await self.client.describe(self.name))
+                            observer = change[0]
+                            if change[1] is not _NOTHING:
+                                yield change[1]
+                        continue
+                    if observer is not None:
+                        change = observer.event(event)
+                        if change is not _NOTHING:
+                            yield change
+            except errors.WatchBehind:
+                watching = Watching(self.name)
+                if observer is not None:
+                    observer.stale = True
 
 
 class AsyncLeadership:
@@ -240,44 +261,38 @@ class AsyncLeadership:
 
 
 class _Observer:
-    """Follows one election's key through its watch events (server-sent
-    events, line by line). Tokens only grow, so an event older than what is
-    known (from before the state was read) changes nothing."""
+    """Follows one election's key through its watch events. Tokens only
+    grow, so an event older than what is known (from before the state was
+    read) changes nothing."""
 
     def __init__(self, name: str, view: Dict[str, Any]) -> None:
         self.name = name
         self.holder = (view.get("holder") or {}).get("fence")
         self.last = _leader_of(view)
-        self._kind: Optional[str] = None
-        self._data: List[str] = []
+        #: Events were lost: the state must be read again.
+        self.stale = False
 
-    def line(self, line: str) -> Any:
-        """One line of the stream; the change it completes, or ``_NOTHING``."""
-        if line.startswith("event:"):
-            self._kind = line[len("event:") :].strip()
-        elif line.startswith("data:"):
-            self._data.append(line[len("data:") :].strip())
-        elif line == "" and self._kind is not None:
-            event = json.loads("\n".join(self._data)) if self._data else {}
-            kind, self._kind, self._data = self._kind, None, []
-            return self._event(kind, event)
-        return _NOTHING
+    @staticmethod
+    def read(before: Optional["_Observer"], name: str, view: Dict[str, Any]) -> "Tuple[_Observer, Any]":
+        """An observer of the state ``view`` shows, and what to report: the
+        leader, the first time; then only a change from ``before``'s."""
+        now = _Observer(name, view)
+        if before is None:
+            return now, now.last
+        return now, (_NOTHING if now.last == before.last else now.last)
 
-    def _event(self, kind: str, event: Dict[str, Any]) -> Any:
-        if kind == "error":
-            # The same JSON body as any other refusal: its own error type
-            # (a revoked token is Unauthenticated, not a network problem).
-            raise errors.from_body(0, event)
-        if event.get("key") != self.name:
+    def event(self, event: WatchEvent) -> Any:
+        """One event; the change it makes, or ``_NOTHING``."""
+        if event.key != self.name:
             return _NOTHING
-        fence = int(event.get("fence", 0))
+        fence = event.fence
         change: Any = _NOTHING
-        if kind == "acquired" and (self.holder is None or fence > self.holder):
+        if event.kind == "acquired" and (self.holder is None or fence > self.holder):
             self.holder, change = fence, None
-        elif kind in ("released", "expired") and fence == self.holder:
+        elif event.kind in ("released", "expired") and fence == self.holder:
             self.holder, change = None, None
-        elif kind == "checkpoint" and fence == self.holder and event.get("data_base64"):
-            change = Leader(base64.b64decode(event["data_base64"]), fence, str(event.get("holder", "")))
+        elif event.kind == "checkpoint" and fence == self.holder and event.data:
+            change = Leader(event.data, fence, event.holder)
         if change is _NOTHING or change == self.last:
             return _NOTHING
         self.last = change

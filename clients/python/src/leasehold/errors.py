@@ -109,6 +109,52 @@ class OutcomeUnknown(LeaseholdError):
     code = "outcome_unknown"
 
 
+class ResourceExhausted(LeaseholdError):
+    """A quota or rate limit refused it (HTTP 429); nothing was done. Retry
+    later; renewals, releases and revokes are never refused."""
+
+    code = "resource_exhausted"
+
+
+class TlsRequired(LeaseholdError):
+    """Plaintext reached a port that speaks TLS only: use an ``https://``
+    endpoint. Nothing was done."""
+
+    code = "tls_required"
+
+
+class WatchBehind(LeaseholdError):
+    """A watch's events were dropped (it fell too far behind, or no node
+    still has them): list the locks again, then watch from now."""
+
+    code = "watch_behind"
+
+
+class NotAdded(LeaseholdError):
+    """A member to add did not answer or catch up; it is not a member."""
+
+    code = "not_added"
+
+
+class NotFound(LeaseholdError):
+    """No such route: the server is older than this client."""
+
+    code = "not_found"
+
+
+class MethodNotAllowed(LeaseholdError):
+    """The route exists, but not with this method: the server is older than
+    this client."""
+
+    code = "method_not_allowed"
+
+
+class Internal(LeaseholdError):
+    """The server failed in a way the caller cannot fix: report it."""
+
+    code = "internal"
+
+
 class LeaseLost(LeaseholdError):
     """This client's lease is lost: renewal was refused, or its deadline passed.
 
@@ -133,6 +179,13 @@ _BY_CODE: Dict[str, Type[LeaseholdError]] = {
         NotLeader,
         Unavailable,
         OutcomeUnknown,
+        ResourceExhausted,
+        TlsRequired,
+        WatchBehind,
+        NotAdded,
+        NotFound,
+        MethodNotAllowed,
+        Internal,
     )
 }
 

@@ -168,9 +168,13 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             })
             .await
         }
-        Command::Watch { prefix, json } => {
+        Command::Watch {
+            prefix,
+            json,
+            after,
+        } => {
             using(client().await, async |c| {
-                status::watch(c, &prefix, json).await
+                status::watch(c, &prefix, json, after).await
             })
             .await
         }

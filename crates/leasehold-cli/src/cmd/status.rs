@@ -104,14 +104,23 @@ pub async fn leader(
     Ok(0)
 }
 
-pub async fn watch(client: &Client, prefix: &str, as_json: bool) -> anyhow::Result<i32> {
-    let mut events = client.watch(prefix).await.context("watch")?;
+pub async fn watch(
+    client: &Client,
+    prefix: &str,
+    as_json: bool,
+    after: Option<(u64, u32)>,
+) -> anyhow::Result<i32> {
+    let mut events = match after {
+        Some((index, seq)) => client.watch_after(prefix, index, seq).await,
+        None => client.watch(prefix).await,
+    }
+    .context("watch")?;
     while let Some(event) = events.next().await {
         let e = event.context("watch stream")?;
         if as_json {
             println!(
                 "{}",
-                json!({"kind": e.kind, "key": e.key, "fence": e.fence, "holder": e.holder})
+                json!({"kind": e.kind, "key": e.key, "fence": e.fence, "holder": e.holder, "index": e.index, "seq": e.seq})
             );
         } else {
             println!(

@@ -13,7 +13,7 @@
 //! | `POST /v1/checkpoint`            | save `{key, fence, data}`                    |
 //! | `GET /v1/locks[?prefix=&held=]`  | list locks (`held=true`: held or waited for) |
 //! | `GET /v1/locks/KEY`              | describe one lock (KEY may contain `/`)      |
-//! | `GET /v1/watch[?prefix=]`        | server-sent events: acquired/released/expired|
+//! | `GET /v1/watch[?prefix=&after_index=&after_seq=]` | server-sent events, resumable |
 //! | `GET /v1/events[?prefix=]`       | the node's last 200 lock events              |
 //! | `GET /v1/cluster`                | members, roles, term, leader, lag            |
 //! | `POST /v1/cluster/members`       | add `{id, addr}`: learner, caught up, voter  |
@@ -38,6 +38,7 @@ use std::convert::Infallible;
 
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -51,6 +52,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::hub::history::Position;
 use crate::service::{AcquireArgs, ApiError, LeaseSpec, LockService};
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -586,18 +588,61 @@ async fn describe_lock(Caller(s): Caller, Param(key): Param) -> Result<Json<Valu
 struct WatchQuery {
     #[serde(default)]
     prefix: String,
+    /// Resume after this log index (the last event's `index`).
+    after_index: Option<u64>,
+    /// With `after_index`: the last event's `seq`.
+    after_seq: Option<u32>,
+}
+
+/// Where a watch resumes: `after_index` (and `after_seq`), or the
+/// `Last-Event-ID` header an `EventSource` sends when it reconnects (the
+/// last event's id, `INDEX.SEQ`). Both at once must agree.
+fn resume_point(q: &WatchQuery, headers: &HeaderMap) -> Result<Option<Position>> {
+    let query = match (q.after_index, q.after_seq) {
+        (Some(index), Some(seq)) => Some(Position { index, seq }),
+        (Some(index), None) => Some(Position::end_of(index)),
+        (None, Some(_)) => {
+            return Err(ApiError::invalid(
+                "after_seq",
+                "needs after_index: pass both from the last event received",
+            ))
+        }
+        (None, None) => None,
+    };
+    let header = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(v.to_str().ok().and_then(Position::parse).ok_or_else(|| {
+            ApiError::invalid(
+                "Last-Event-ID",
+                "is not an event id (INDEX.SEQ, as the stream sent it)",
+            )
+        })?),
+    };
+    match (query, header) {
+        (Some(q), Some(h)) if q != h => Err(ApiError::invalid(
+            "after_index",
+            format!("says {q} but Last-Event-ID says {h}: send one of them"),
+        )),
+        (q, h) => Ok(q.or(h)),
+    }
 }
 
 async fn watch(
     Caller(s): Caller,
+    headers: HeaderMap,
     Query(q): Query<WatchQuery>,
 ) -> Result<Sse<impl Stream<Item = std::result::Result<SseEvent, Infallible>>>> {
-    let watch = s.watch(q.prefix).await?;
+    let after = resume_point(&q, &headers)?;
+    let watch = s.watch(q.prefix, after).await?;
     let stream = futures::stream::unfold(Some(watch), |watch| async move {
         let mut watch = watch?;
         let (event, next) = match watch.next().await {
+            // The id is what a client sends back to resume after it.
             Ok(e) => (
-                SseEvent::default().event(e.kind).data(json!(e).to_string()),
+                SseEvent::default()
+                    .event(e.kind)
+                    .id(e.position().to_string())
+                    .data(json!(e).to_string()),
                 Some(watch),
             ),
             // The same JSON body as any other error.

@@ -158,6 +158,8 @@ impl Shared {
     fn apply_entries(&self, entries: Vec<Entry>) -> (Vec<Vec<Outcome>>, u64) {
         let mut outcomes = Vec::new();
         let mut events = Vec::new();
+        // Each entry's index and where its events end: their positions.
+        let mut ends = Vec::with_capacity(entries.len());
         let mut bytes = 0;
         {
             let mut applied = self.write();
@@ -206,6 +208,7 @@ impl Shared {
                 if let Some(tap) = tap {
                     tap(entry.log_id.index, &seen);
                 }
+                ends.push((entry.log_id.index, events.len()));
                 outcomes.push(answers);
             }
             if let Some(last) = &applied.last_applied {
@@ -213,7 +216,7 @@ impl Shared {
             }
         }
         self.context.applied(&events);
-        self.hub.publish(&events);
+        self.hub.publish(&events, &ends);
         (outcomes, bytes)
     }
 
@@ -319,15 +322,13 @@ impl StateMachine {
             },
             None => Applied::default(),
         };
-        applied_index.store(
-            applied.last_applied.as_ref().map_or(0, |l| l.index),
-            Ordering::Relaxed,
-        );
+        let through = applied.last_applied.as_ref().map_or(0, |l| l.index);
+        applied_index.store(through, Ordering::Relaxed);
         Ok(StateMachine {
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
                 unlocked: Notify::new(),
-                hub: Arc::new(Hub::default()),
+                hub: Arc::new(Hub::after(through)),
                 context,
                 snapshots,
                 since_snapshot: AtomicU64::new(0),
@@ -553,6 +554,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             );
             replaced
         };
+        self.shared
+            .hub
+            .restart_after(meta.last_log_id.as_ref().map_or(0, |l| l.index));
         // Freeing a big table takes as long as building it.
         let _ = off_the_runtime(self.shared.blocks(), move || drop(replaced)).await;
         // Auth may differ in the installed table.

@@ -1,26 +1,37 @@
 //! Lock events as they happen (a watch), and the node's recent ones, each
 //! filtered to the keys the caller may read.
 
+use std::collections::VecDeque;
+use std::sync::Arc;
+
 use leasehold_core::auth::{AuthState, Permission, Role};
-use leasehold_core::{Event, Fence, LeaseId, LockError};
+use leasehold_core::{Fence, LeaseId, LockError};
 use tokio::sync::broadcast;
 
 use super::reads::validate_prefix;
 use super::{ApiError, LockService};
-use crate::hub::Stamped;
+use crate::hub::history::{Behind, LockEvent, Position};
+use crate::hub::{Hub, Published};
 use crate::raft::ConsensusError;
 
 impl LockService {
-    /// Lock events from now on, for keys under `prefix` that the caller
-    /// may read. With auth on, the watch ends (`unauthenticated`) when its
-    /// token is revoked, and follows changes to its role.
-    pub async fn watch(&self, prefix: String) -> Result<Watch, ApiError> {
+    /// Lock events for keys under `prefix` that the caller may read: from
+    /// now on, or every one after the position `after` (a watch that broke,
+    /// started again here or on another node). `watch_behind` if this node
+    /// no longer has every event after `after`: list again, then watch from
+    /// now. With auth on, the watch ends (`unauthenticated`) when its token
+    /// is revoked, and follows changes to its role.
+    pub async fn watch(&self, prefix: String, after: Option<Position>) -> Result<Watch, ApiError> {
         validate_prefix(&prefix)?;
         // Subscribe first: an auth change from here on is seen as an event.
-        let rx = self.consensus.hub().subscribe();
+        let hub = self.consensus.hub().clone();
+        let subscription = hub.subscribe(after).map_err(behind)?;
         let access = self.consensus.read_local(|t| self.access(t.auth())).await?;
         Ok(Watch {
-            rx,
+            rx: subscription.rx,
+            pending: subscription.since.into(),
+            last: after.unwrap_or(subscription.now),
+            hub,
             prefix,
             access,
             service: self.clone(),
@@ -30,7 +41,7 @@ impl LockService {
     /// The last lock events this node applied (at most
     /// [`RECENT_EVENTS`](crate::hub::RECENT_EVENTS)), oldest first, for keys
     /// under `prefix` that the caller may read: what happened just before
-    /// a watch began.
+    /// a watch began (which can start after the last of them).
     pub async fn recent_events(&self, prefix: &str) -> Result<Vec<WatchEvent>, ApiError> {
         validate_prefix(prefix)?;
         let access = self.consensus.read_local(|t| self.access(t.auth())).await?;
@@ -69,7 +80,13 @@ enum Access {
 
 /// A subscription to lock events under a prefix.
 pub struct Watch {
-    rx: broadcast::Receiver<Stamped>,
+    rx: broadcast::Receiver<Published>,
+    /// Events applied before the subscription, still to be sent.
+    pending: VecDeque<LockEvent>,
+    /// The position of the last event sent or passed over: nothing at or
+    /// before it is sent again.
+    last: Position,
+    hub: Arc<Hub>,
     prefix: String,
     access: Access,
     service: LockService,
@@ -89,6 +106,11 @@ pub struct WatchEvent {
     pub lease: LeaseId,
     /// Its holder's name.
     pub holder: String,
+    /// The log index of the entry that made it: the same on every node.
+    pub index: u64,
+    /// Its ordinal among that entry's lock events. A watch resumes after
+    /// (`index`, `seq`).
+    pub seq: u32,
     /// When the node answering applied it, in Unix milliseconds on its
     /// wall clock.
     pub at_unix_ms: u64,
@@ -100,32 +122,65 @@ pub struct WatchEvent {
     pub data_base64: Option<String>,
 }
 
+impl WatchEvent {
+    /// Where it stands: a watch started after it sends what came next.
+    pub fn position(&self) -> Position {
+        Position {
+            index: self.index,
+            seq: self.seq,
+        }
+    }
+}
+
+/// The refusal of a watch whose events this node no longer has.
+fn behind(b: Behind) -> ApiError {
+    ApiError::WatchBehind(format!(
+        "this node has every event only after {}: list the locks again, then watch from now",
+        b.complete_after
+    ))
+}
+
 impl Watch {
     /// The next event, or an error if this watcher fell too far behind (its
     /// events were dropped) or the server is stopping.
     pub async fn next(&mut self) -> Result<WatchEvent, ApiError> {
         loop {
-            let stamped = match self.rx.recv().await {
-                Ok(e) => e,
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    return Err(ApiError::WatchBehind(format!(
-                        "watch fell behind by {n} events, which were dropped: list the locks again, then watch again"
-                    )))
-                }
-                Err(broadcast::error::RecvError::Closed) => {
-                    return Err(ConsensusError::Stopped("server stopping".into()).into())
-                }
+            let event = match self.pending.pop_front() {
+                Some(event) => event,
+                None => match self.rx.recv().await {
+                    Ok(Published::Lock(event)) => event,
+                    Ok(Published::AuthChanged) => {
+                        // The token may be gone, or its role changed.
+                        let service = &self.service;
+                        self.access = service
+                            .consensus
+                            .read_local(|t| service.access(t.auth()))
+                            .await?;
+                        continue;
+                    }
+                    Ok(Published::Skipped { through }) => {
+                        if self.last < Position::end_of(through) {
+                            return Err(behind(Behind {
+                                complete_after: Position::end_of(through),
+                            }));
+                        }
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // What the channel dropped, the history may still have.
+                        self.pending = self.hub.since(self.last).map_err(behind)?.into();
+                        continue;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {
+                        return Err(ConsensusError::Stopped("server stopping".into()).into())
+                    }
+                },
             };
-            if let Event::AuthChanged { .. } = stamped.event {
-                // The token may be gone, or its role changed.
-                let service = &self.service;
-                self.access = service
-                    .consensus
-                    .read_local(|t| service.access(t.auth()))
-                    .await?;
+            if event.at <= self.last {
                 continue;
             }
-            if let Some(event) = watch_event(stamped, &self.prefix, &self.access) {
+            self.last = event.at;
+            if let Some(event) = watch_event(event, &self.prefix, &self.access) {
                 return Ok(event);
             }
         }
@@ -133,59 +188,29 @@ impl Watch {
 }
 
 /// What a watcher with `access` to keys under `prefix` sees of an event:
-/// nothing unless it is a lock event on such a key.
-fn watch_event(stamped: Stamped, prefix: &str, access: &Access) -> Option<WatchEvent> {
-    let mut data = None;
-    let (kind, key, fence, lease, holder) = match stamped.event {
-        Event::CheckpointSaved {
-            key,
-            fence,
-            lease,
-            holder,
-            data: saved,
-        } => {
-            data = Some(saved.to_vec());
-            ("checkpoint", key, fence, lease, holder)
-        }
-        Event::Acquired {
-            key,
-            fence,
-            lease,
-            holder,
-            ..
-        } => ("acquired", key, fence, lease, holder),
-        Event::Released {
-            key,
-            fence,
-            lease,
-            holder,
-        } => ("released", key, fence, lease, holder),
-        Event::Expired {
-            key,
-            fence,
-            lease,
-            holder,
-        } => ("expired", key, fence, lease, holder),
-        _ => return None,
-    };
+/// nothing unless it is on such a key.
+fn watch_event(event: LockEvent, prefix: &str, access: &Access) -> Option<WatchEvent> {
     let visible = match access {
         Access::All => true,
-        Access::Role(role) => role.permission(&key) >= Permission::Read,
+        Access::Role(role) => role.permission(&event.key) >= Permission::Read,
     };
-    if !visible || !key.starts_with(prefix) {
+    if !visible || !event.key.starts_with(prefix) {
         return None;
     }
     use base64::Engine;
+    let data = event.data.map(|d| d.to_vec());
     let data_base64 = data
         .as_ref()
         .map(|d| base64::engine::general_purpose::STANDARD.encode(d));
     Some(WatchEvent {
-        kind,
-        key: key.to_string(),
-        fence,
-        lease,
-        holder: holder.to_string(),
-        at_unix_ms: stamped.at_unix_ms,
+        kind: event.kind.name(),
+        key: event.key.to_string(),
+        fence: event.fence,
+        lease: event.lease,
+        holder: event.holder.to_string(),
+        index: event.at.index,
+        seq: event.at.seq,
+        at_unix_ms: event.at_unix_ms,
         data,
         data_base64,
     })

@@ -39,6 +39,8 @@ const state = {
   // Bumped whenever the events pane starts afresh: answers for an earlier
   // prefix or token are dropped.
   epoch: 0,
+  // Where the stream resumes: the last event it showed.
+  after: null,
 };
 
 function headers(accept) {
@@ -336,6 +338,8 @@ async function refreshLeases() {
 
 // What tells one event from another, in the history and in the stream.
 function eventId(e) {
+  // Its place in the log, the same on every node; older nodes send none.
+  if (e.index) return e.index + "." + e.seq;
   return [e.kind, e.key, e.fence, e.lease, e.at_unix_ms, e.data_base64 || ""].join("|");
 }
 
@@ -413,8 +417,10 @@ function streamError(data) {
 }
 
 // Server-sent events over fetch (EventSource cannot send a token), parsed
-// here; reconnects a second after the stream ends, and merges the history
-// again then, for what passed while it was down.
+// here. A second after the stream ends it reconnects after the last event
+// it showed (`after_index`, `after_seq`), so nothing is missed; a node that
+// no longer has those events (410 `watch_behind`) is asked for its history
+// again. Without a token where one is needed it says so and waits for one.
 function watch() {
   if (state.watch) state.watch.abort();
   const stop = new AbortController();
@@ -427,11 +433,23 @@ function watch() {
     $("stream").textContent = stopped ? "stopped: " + stopped + " · reconnecting…" : "reconnecting…";
     setTimeout(() => state.watch === stop && watch(), 1000);
   };
-  fetch("/v1/watch?" + new URLSearchParams({ prefix }), {
+  const query = { prefix };
+  if (state.after) Object.assign(query, state.after);
+  fetch("/v1/watch?" + new URLSearchParams(query), {
     headers: headers("text/event-stream"),
     signal: stop.signal,
   })
     .then(async (response) => {
+      if (response.status === 401) {
+        $("stream").textContent = state.token
+          ? "stopped: the node refused this token; enter another above"
+          : "stopped: auth is on; enter an access token above";
+        return;
+      }
+      if (response.status === 410) {
+        // Events were lost: start from now, and merge the history again.
+        state.after = null;
+      }
       if (!response.ok || !response.body) return again();
       $("stream").textContent = "live";
       loadHistory(epoch, prefix);
@@ -462,6 +480,7 @@ function watch() {
               continue;
             }
             addEvent(Object.assign({ kind }, e), true);
+            if (e.index) state.after = { after_index: e.index, after_seq: e.seq };
           }
         }
       }
@@ -474,6 +493,7 @@ function watch() {
 function restartEvents() {
   state.epoch += 1;
   state.shown = new Set();
+  state.after = null;
   only("events", 6, "waiting for events");
   watch();
 }

@@ -234,3 +234,67 @@ impl RawWatch {
         serde_json::from_str(&data).expect("JSON error data")
     }
 }
+
+/// A watch over HTTP (server-sent events), read event by event.
+pub struct SseWatch {
+    response: reqwest::Response,
+    buffered: String,
+}
+
+impl SseWatch {
+    /// Opens `path` (`/v1/watch?...`) on `addr` with extra `headers`; the
+    /// status and JSON body of a refusal.
+    pub async fn open(
+        addr: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<SseWatch, (u16, serde_json::Value)> {
+        let mut request = reqwest::Client::new().get(format!("http://{addr}{path}"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        if status != 200 {
+            let body = response.json().await.expect("a JSON error body");
+            return Err((status, body));
+        }
+        Ok(SseWatch {
+            response,
+            buffered: String::new(),
+        })
+    }
+
+    /// The next `n` events: each one's id and its data as JSON (an `error`
+    /// event's too, with the id empty).
+    pub async fn events(&mut self, n: usize) -> Vec<(String, serde_json::Value)> {
+        let mut out = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while out.len() < n {
+                if let Some(end) = self.buffered.find("\n\n") {
+                    let block: String = self.buffered.drain(..end + 2).collect();
+                    let mut id = None;
+                    let mut data = None;
+                    for line in block.lines() {
+                        if let Some(v) = line.strip_prefix("id: ") {
+                            id = Some(v.to_string());
+                        } else if let Some(v) = line.strip_prefix("data: ") {
+                            data = Some(serde_json::from_str(v).expect("JSON data"));
+                        }
+                    }
+                    // A keep-alive comment has no data.
+                    if let Some(data) = data {
+                        out.push((id.unwrap_or_default(), data));
+                    }
+                    continue;
+                }
+                let chunk = self.response.chunk().await.expect("read");
+                let chunk = chunk.unwrap_or_else(|| panic!("ended after {} events", out.len()));
+                self.buffered.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        })
+        .await
+        .expect("the events within 20 s");
+        out
+    }
+}

@@ -251,6 +251,12 @@ pub struct LockEvent {
     pub holder: String,
     /// With `checkpoint`: the bytes saved (empty: cleared).
     pub data: Vec<u8>,
+    /// The log index of the entry that made it (leaseholdd; 0 elsewhere).
+    /// With `seq`, it orders events for the life of the deployment: a
+    /// watch that breaks goes on after the last one it delivered.
+    pub index: u64,
+    /// Its ordinal among the lock events of that entry.
+    pub seq: u32,
 }
 
 /// A lock store. Each implementation is one file under `backend/`; all of them
@@ -313,8 +319,13 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
-    /// Streams lock events under a prefix.
-    async fn watch(&self, _prefix: &str) -> Result<BoxStream<'static, Result<LockEvent>>> {
+    /// Streams lock events under a prefix: from now on, or every one after
+    /// the position `after` (an event's `index` and `seq`).
+    async fn watch(
+        &self,
+        _prefix: &str,
+        _after: Option<(u64, u32)>,
+    ) -> Result<BoxStream<'static, Result<LockEvent>>> {
         Err(Error::Unsupported {
             backend: self.name(),
             what: "watching locks",

@@ -34,12 +34,15 @@
 //! - `settle.rs`: outcomes left open, settled in the background.
 //! - `errors.rs`: the server's answers, gRPC or framed, as our errors, and
 //!   which errors leave an outcome open.
+//! - `watch.rs`: a watch that resumes on another node after the last event
+//!   it delivered when its stream breaks.
 
 mod acquire;
 mod errors;
 mod retry;
 mod session;
 mod settle;
+mod watch;
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -48,7 +51,6 @@ use std::time::Duration;
 
 use super::endpoints::Rpc;
 use futures::stream::BoxStream;
-use futures::StreamExt;
 use leasehold_proto::v1 as pb;
 
 use super::endpoints::Endpoints;
@@ -188,39 +190,14 @@ impl Backend for Leaseholdd {
             .collect())
     }
 
-    async fn watch(&self, prefix: &str) -> Result<BoxStream<'static, Result<LockEvent>>> {
-        // Every node applies every entry, so any node can serve a watch.
-        let stream = self
-            .endpoints
-            .route()
-            .rpc
-            .clone()
-            .watch(pb::WatchRequest {
-                prefix: prefix.to_string(),
-            })
-            .await
-            .map_err(|s| error(prefix, s))?
-            .into_inner();
-        let prefix = prefix.to_string();
-        Ok(stream
-            .map(move |item| {
-                item.map(|e| LockEvent {
-                    kind: match pb::lock_event::Kind::try_from(e.kind) {
-                        Ok(pb::lock_event::Kind::Acquired) => "acquired",
-                        Ok(pb::lock_event::Kind::Released) => "released",
-                        Ok(pb::lock_event::Kind::Expired) => "expired",
-                        Ok(pb::lock_event::Kind::Checkpoint) => "checkpoint",
-                        _ => "unknown",
-                    }
-                    .to_string(),
-                    key: e.key,
-                    fence: e.fence,
-                    holder: e.holder,
-                    data: e.data,
-                })
-                .map_err(|s| error(&prefix, s))
-            })
-            .boxed())
+    async fn watch(
+        &self,
+        prefix: &str,
+        after: Option<(u64, u32)>,
+    ) -> Result<BoxStream<'static, Result<LockEvent>>> {
+        // Every node applies every entry, so any node can serve a watch,
+        // and any other can go on with it (`watch`).
+        watch::watch(self.endpoints.clone(), prefix, after).await
     }
 
     async fn release_by_fence(&self, key: &str, fence: Fence) -> Result<()> {
