@@ -38,9 +38,16 @@ pub enum Admin {
         #[arg(long, default_value_t = 1)]
         node_id: u64,
         /// The new cluster's voters, `ID=HOST:PORT,...`, the same for every
-        /// member. Without it: a single node.
-        #[arg(long, value_parser = parse_peers)]
+        /// member. Without it: a single node, at --advertise.
+        #[arg(long, value_parser = parse_peers, conflicts_with_all = ["listen", "advertise"])]
         peers: Option<BTreeMap<u64, String>>,
+        /// A single node's address, as clients reach it (default: --listen).
+        #[arg(long, value_name = "HOST:PORT")]
+        advertise: Option<String>,
+        /// The address the single node will listen on (leaseholdd's
+        /// --listen; its default, 127.0.0.1:7419, if neither is given).
+        #[arg(long, default_value = "127.0.0.1:7419")]
+        listen: std::net::SocketAddr,
         /// The lowest token and lease id the new cluster may hand out, if
         /// higher than the rule above gives (above the highest token and
         /// lease id any client saw, say).
@@ -80,10 +87,13 @@ pub fn run_admin(admin: Admin) -> std::process::ExitCode {
             data_dir,
             node_id,
             peers,
+            advertise,
+            listen,
             fence_floor,
         } => {
-            let members =
-                peers.unwrap_or_else(|| BTreeMap::from([(node_id, "127.0.0.1:7419".to_string())]));
+            let members = peers.unwrap_or_else(|| {
+                BTreeMap::from([(node_id, advertise.unwrap_or_else(|| listen.to_string()))])
+            });
             let what = format!("{} into {}", file.display(), data_dir.display());
             let done = block_on(restore(&file, &data_dir, node_id, &members, fence_floor));
             report("restore", &what, node_id, &members, done)

@@ -15,7 +15,7 @@ use leasehold_server::admission::{Quotas, TokenQuota};
 use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
 use leasehold_server::raft::dir_lock::{DirLock, DirLockError};
-use leasehold_server::raft::RaftOptions;
+use leasehold_server::raft::{AddressMismatch, RaftOptions};
 use leasehold_server::server::{self, ClusterConfig, Config};
 use leasehold_server::tls::{Tls, TlsFiles};
 
@@ -381,6 +381,8 @@ fn main() -> std::process::ExitCode {
     };
     match runtime.block_on(serve(lock, listen, config.0)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // Started as another node than its data dir holds: as for a flag.
+        Err(e) if e.downcast_ref::<AddressMismatch>().is_some() => fail(EXIT_CONFIG, e),
         Err(e) => fail(1, e),
     }
 }

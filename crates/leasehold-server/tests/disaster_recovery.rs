@@ -139,3 +139,88 @@ fn files_of(dir: &std::path::Path) -> std::collections::BTreeMap<std::path::Path
     }
     files
 }
+
+/// A single node restored without `--peers` is recorded at the address it
+/// was restored for (`--listen`), not at the default port; started again on
+/// another address it records that one. A cluster member started as
+/// another address than its data dir records is refused in one line.
+#[test]
+fn a_restored_node_is_recorded_where_it_answers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/snapshot-file-v2-table-v1.bin");
+    let data = dir.path().join("single");
+    let addr = format!("127.0.0.1:{}", leasehold_testkit::free_port());
+    let out = Command::new(workspace_bin("leaseholdd"))
+        .arg("restore")
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", &addr])
+        .output()
+        .expect("restore");
+    assert!(out.status.success(), "{out:?}");
+    let recorded = |addr: &str| -> Option<String> {
+        let cluster = leasehold_testkit::http_get(addr, "/v1/cluster")?;
+        let cluster: serde_json::Value = serde_json::from_str(&cluster).ok()?;
+        cluster["members"][0]["addr"].as_str().map(str::to_string)
+    };
+    let serve = |addr: &str, log: &str| {
+        leasehold_testkit::Process::spawn(
+            &workspace_bin("leaseholdd"),
+            &[
+                "--listen".to_string(),
+                addr.to_string(),
+                "--data-dir".to_string(),
+                data.display().to_string(),
+            ],
+            &dir.path().join(log),
+        )
+    };
+    let mut node = serve(&addr, "first.log");
+    wait_until(
+        Duration::from_secs(20),
+        "the restored node to lead at its address",
+        || {
+            leasehold_testkit::http_get(&addr, "/health")
+                .is_some_and(|h| h.contains(&format!("\"leader_addr\":\"{addr}\"")))
+        },
+    );
+    assert_eq!(recorded(&addr).as_deref(), Some(addr.as_str()));
+    node.kill9();
+
+    let moved = format!("127.0.0.1:{}", leasehold_testkit::free_port());
+    let _node = serve(&moved, "second.log");
+    wait_until(Duration::from_secs(20), "the new address recorded", || {
+        recorded(&moved).as_deref() == Some(moved.as_str())
+    });
+
+    // A member of a cluster: refused, naming both addresses.
+    let member = dir.path().join("member");
+    let (a, b) = ("127.0.0.1:1", "127.0.0.1:2");
+    let peers = format!("1={a},2={b}");
+    let out = Command::new(workspace_bin("leaseholdd"))
+        .arg("restore")
+        .arg(&backup)
+        .arg("--data-dir")
+        .arg(&member)
+        .args(["--peers", &peers])
+        .output()
+        .expect("restore");
+    assert!(out.status.success(), "{out:?}");
+    let elsewhere = format!("127.0.0.1:{}", leasehold_testkit::free_port());
+    let out = Command::new(workspace_bin("leaseholdd"))
+        .args(["--node-id", "1", "--listen", &elsewhere])
+        .args(["--peers", &format!("1={elsewhere},2={b}")])
+        .arg("--data-dir")
+        .arg(&member)
+        .output()
+        .expect("start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.trim().lines().last().unwrap_or("");
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        last.contains(&format!("records node 1 at {a}")) && last.contains(&elsewhere),
+        "{err}"
+    );
+}

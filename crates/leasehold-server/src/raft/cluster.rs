@@ -20,7 +20,7 @@ use openraft::errors::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
 use serde::Serialize;
 
-use super::{Consensus, ConsensusError, NodeId, TypeConfig};
+use super::{Consensus, ConsensusError, NodeId, NodeSpec, TypeConfig};
 
 /// How long a node being added has to answer the leader.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -138,7 +138,73 @@ fn quorum_index(members: &[MemberStatus]) -> Option<u64> {
     held.get(held.len() / 2).copied()
 }
 
+/// A node of a cluster started at another address than its group
+/// records for it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the data dir records node {id} at {recorded}, but it was started as {started}: start it with --peers naming it {recorded}, or give it a data dir of its own"
+)]
+pub struct AddressMismatch {
+    /// The node.
+    pub id: NodeId,
+    /// Where the group has it.
+    pub recorded: String,
+    /// Where it was started.
+    pub started: String,
+}
+
 impl Consensus {
+    /// Checks the address the group records for this node against the one
+    /// it was started with. A node of a cluster recorded elsewhere is
+    /// refused: peers and clients would be sent to an address it does not
+    /// answer on. A single node (a group of itself) moved to another
+    /// address records the new one once it leads: nobody else reaches it
+    /// by the old one.
+    pub(super) fn check_own_address(&self, spec: &NodeSpec) -> anyhow::Result<()> {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        let Some(recorded) = membership.get_node(&spec.id).map(|n| n.addr.clone()) else {
+            return Ok(());
+        };
+        if recorded == spec.addr {
+            return Ok(());
+        }
+        let alone = spec.members.len() == 1
+            && membership.voter_ids().eq(std::iter::once(spec.id))
+            && membership.nodes().count() == 1;
+        if !alone {
+            return Err(AddressMismatch {
+                id: spec.id,
+                recorded,
+                started: spec.addr.clone(),
+            }
+            .into());
+        }
+        tracing::info!(
+            id = spec.id,
+            from = recorded,
+            to = spec.addr,
+            "this single node moved: recording its new address once it leads"
+        );
+        let consensus = self.clone();
+        let (id, addr) = (spec.id, spec.addr.clone());
+        tokio::spawn(async move {
+            let mut leading = consensus.leading();
+            if leading.wait_for(|l| *l).await.is_err() {
+                return;
+            }
+            let nodes = BTreeMap::from([(id, BasicNode { addr })]);
+            if let Err(e) = consensus
+                .raft
+                .change_membership(openraft::ChangeMembers::SetNodes(nodes), false)
+                .await
+            {
+                tracing::warn!(error = %e, "could not record this node's new address");
+            }
+        });
+        Ok(())
+    }
+
     /// The group as this node sees it (a follower does not know the lag).
     pub fn cluster_status(&self) -> ClusterStatus {
         let m = self.raft.metrics().borrow_watched().clone();

@@ -67,7 +67,7 @@ use openraft::{BasicNode, ServerState};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::Hub;
-pub use cluster::{ClusterStatus, MemberStatus, MembershipError};
+pub use cluster::{AddressMismatch, ClusterStatus, MemberStatus, MembershipError};
 pub use disk::{FsDisk, FsFile, LogDisk, LogFile};
 pub use grpc::{GrpcTransport, PeerService};
 pub use leadership::{Clock, SystemClock};

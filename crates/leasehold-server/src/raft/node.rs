@@ -299,6 +299,7 @@ impl Consensus {
                 );
             } else {
                 tracing::info!(id = spec.id, "rejoining the group recorded in the data dir");
+                self.check_own_address(spec)?;
             }
             return Ok(());
         }
