@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold::{Client, Error, Guarantee, LockOptions};
-use leasehold_testkit::{workspace_bin, EtcdServer, Leaseholdd, Process, RedisServer};
+#[cfg(feature = "etcd")]
+use leasehold_testkit::EtcdServer;
+use leasehold_testkit::{workspace_bin, Leaseholdd, Process, RedisServer};
 use tokio::time::Instant;
 
 /// A store to run the suite against, and what it can do.
@@ -77,6 +79,7 @@ impl Store {
         )
     }
 
+    #[cfg(feature = "etcd")]
     fn etcd() -> Store {
         let server = EtcdServer::start();
         Store::new(
@@ -587,6 +590,8 @@ conformance!(
         lock_delay_keeps_an_expired_key_closed,
     ]
 );
+// With the `etcd` feature (which the workspace's tests have: the CLI asks for it).
+#[cfg(feature = "etcd")]
 conformance!(
     etcd,
     Store::etcd(),
@@ -629,6 +634,7 @@ async fn lost_fires_when_redis_dies() {
     .await;
 }
 
+#[cfg(feature = "etcd")]
 #[tokio::test]
 async fn lost_fires_when_etcd_dies() {
     let mut etcd = EtcdServer::start();
