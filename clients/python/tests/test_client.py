@@ -234,10 +234,11 @@ def test_fenced_sql_refuses_an_older_token():
     db.execute("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER, fence INTEGER)")
     db.execute("INSERT INTO accounts VALUES (1, 100, 0)")
     cur = db.cursor()
-    assert fence.fenced_update(cur, "accounts", {"balance": 90}, {"id": 1}, 7, placeholder="?") == 1
+    # sqlite3 says its placeholder is `?` (paramstyle "qmark"): no argument needed.
+    assert fence.fenced_update(cur, "accounts", {"balance": 90}, {"id": 1}, 7) == 1
     assert fence.fenced_update(cur, "accounts", {"balance": 80}, {"id": 1}, 7, placeholder="?") == 1
     with pytest.raises(leasehold.StaleFence):
-        fence.fenced_update(cur, "accounts", {"balance": 0}, {"id": 1}, 6, placeholder="?")
+        fence.fenced_update(cur, "accounts", {"balance": 0}, {"id": 1}, 6)
     assert db.execute("SELECT balance, fence FROM accounts").fetchone() == (80, 7)
     with pytest.raises(ValueError):
         fence.fenced_update(cur, "accounts; DROP TABLE accounts", {"balance": 1}, {"id": 1}, 8)

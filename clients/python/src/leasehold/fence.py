@@ -14,8 +14,9 @@ exist). Use ``<=`` so a holder may write more than once with its own token.
 from __future__ import annotations
 
 import re
+import sys
 import threading
-from typing import Any, Dict, Mapping, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from .errors import StaleFence
 
@@ -36,7 +37,7 @@ def fenced_update(
     fence: int,
     *,
     fence_column: str = "fence",
-    placeholder: str = "%s",
+    placeholder: Optional[str] = None,
 ) -> int:
     """Runs ``UPDATE table SET values..., fence_column = fence WHERE where... AND
     fence_column <= fence`` on a DB-API cursor and returns the rows changed;
@@ -44,11 +45,14 @@ def fenced_update(
 
     ``table`` and the column names are identifiers written into the SQL: they
     must come from your code, never from input (they are checked to be plain
-    names). Values always go as parameters. ``placeholder`` is the driver's
-    (``%s`` for psycopg and PyMySQL, ``?`` for sqlite3).
+    names). Values always go as parameters, in the driver's own style, read
+    off the cursor's module (DB-API's ``paramstyle``: ``%s`` for psycopg and
+    PyMySQL, ``?`` for sqlite3); ``placeholder`` overrides it.
     """
     for name in [table, fence_column, *values, *where]:
         _ident(name)
+    if placeholder is None:
+        placeholder = _placeholder_of(cursor)
     sets = [f"{c} = {placeholder}" for c in values] + [f"{fence_column} = {placeholder}"]
     conds = [f"{c} = {placeholder}" for c in where] + [fence_clause(fence_column, placeholder)]
     sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(conds)}"
@@ -84,6 +88,18 @@ class FenceGate:
     def highest(self, resource: str) -> int:
         with self._lock:
             return self._highest.get(resource, 0)
+
+
+# DB-API's positional parameter styles, and how each writes one parameter.
+_STYLES = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
+def _placeholder_of(cursor: Any) -> str:
+    """The parameter marker of the driver ``cursor`` belongs to: its
+    module's ``paramstyle`` (PEP 249), ``%s`` if it says none we can use."""
+    module = sys.modules.get(type(cursor).__module__.split(".")[0])
+    style = getattr(module, "paramstyle", None)
+    return _STYLES.get(str(style), "%s")
 
 
 def _ident(name: str) -> None:
