@@ -155,3 +155,44 @@ fn the_api_pages_curl_examples_answer_as_they_show() {
     assert!(steps.len() >= 2, "{steps:?}");
     run(&steps, "docs/api.md");
 }
+
+/// Every manifest names the same licence, and its texts are there.
+#[test]
+fn every_manifest_names_the_same_licence_and_its_texts_are_there() {
+    let workspace = page("Cargo.toml");
+    let python = page("clients/python/pyproject.toml");
+    let licence = |text: &str| -> String {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("license = "))
+            .unwrap_or_else(|| panic!("no licence line in {text}"))
+            .trim_matches('"')
+            .to_string()
+    };
+    assert_eq!(licence(&workspace), "MIT OR Apache-2.0");
+    assert_eq!(licence(&python), licence(&workspace));
+    for crate_dir in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .expect("crates/")
+        .filter_map(|e| e.ok())
+    {
+        let manifest =
+            std::fs::read_to_string(crate_dir.path().join("Cargo.toml")).expect("a manifest");
+        assert!(
+            manifest.contains("license.workspace = true"),
+            "{} names a licence of its own",
+            crate_dir.path().display()
+        );
+    }
+    for text in [
+        "LICENSE-MIT",
+        "LICENSE-APACHE",
+        "clients/python/LICENSE-MIT",
+        "clients/python/LICENSE-APACHE",
+    ] {
+        assert!(page(text).len() > 500, "{text} is there");
+    }
+    assert_eq!(
+        page("LICENSE-APACHE"),
+        page("clients/python/LICENSE-APACHE")
+    );
+    assert_eq!(page("LICENSE-MIT"), page("clients/python/LICENSE-MIT"));
+}
