@@ -1128,7 +1128,7 @@ fn tls_mistakes_name_their_fix() {
         "--tls-client-ca",
         &path(&clients.cert),
     ]);
-    let cli = |endpoint: &str, flags: &[&str]| {
+    let cli = |endpoint: &str, flags: &[&str], command: &[&str]| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_leasehold"));
         for var in [
             "LEASEHOLD_HOLDER",
@@ -1138,12 +1138,26 @@ fn tls_mistakes_name_their_fix() {
         ] {
             c.env_remove(var);
         }
-        c.env("LEASEHOLD_ENDPOINT", endpoint)
+        let mut child = c
+            .env("LEASEHOLD_ENDPOINT", endpoint)
             .args(flags)
-            .args(["run", "tls/mistake", "--", "true"])
-            .output()
-            .expect("run leasehold")
+            .args(command)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run leasehold");
+        // A command that hangs instead of saying why is a failure too.
+        let started = std::time::Instant::now();
+        while child.try_wait().expect("wait").is_none() {
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("`leasehold {}` did not end within 20 s", command.join(" "));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().expect("output")
     };
+    let run_cmd: &[&str] = &["run", "tls/mistake", "--", "true"];
     let https = format!("https://{}", server.addr);
     let ca_file = path(&ca.cert);
     let ca_flag = ["--cacert", ca_file.as_str()];
@@ -1151,31 +1165,60 @@ fn tls_mistakes_name_their_fix() {
     let mut good = ca_flag.to_vec();
     good.extend(["--client-cert", &my_cert, "--client-key", &my_key]);
     wait_until(Duration::from_secs(20), "leaseholdd over TLS", || {
-        cli(&https, &good).status.success()
+        cli(&https, &good, run_cmd).status.success()
     });
 
-    let refused = |endpoint: &str, flags: &[&str], says: &str| {
-        let out = cli(endpoint, flags);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_ne!(out.status.code(), Some(0), "{stderr}");
-        assert!(stderr.contains(says), "expected {says:?} in: {stderr}");
-        assert!(!stderr.contains("outcome unknown"), "{stderr}");
-    };
-    refused(
-        &format!("http://{}", server.addr),
-        &[],
-        "this port speaks TLS only: use https://",
-    );
-    refused(&https, &[], "pass --cacert");
-    refused(
-        &https,
-        &ca_flag,
-        "requires a client certificate: pass --client-cert",
-    );
-    let mut wrong = ca_flag.to_vec();
+    // Every command that talks to the server, over whatever protocol it
+    // uses (framed, gRPC, HTTP), says the same of each mistake.
+    let snapshot = dir.path().join("backup.snap");
+    let snapshot = path(&snapshot);
+    let commands: Vec<Vec<&str>> = vec![
+        run_cmd.to_vec(),
+        vec!["acquire", "tls/mistake", "--ttl", "5s"],
+        vec!["release", "tls/mistake", "--fence", "1"],
+        vec!["status"],
+        vec!["watch"],
+        vec!["leader", "tls/election"],
+        vec!["leader", "tls/election", "--watch"],
+        vec!["cluster", "status"],
+        vec!["snapshot", "save", &snapshot],
+        vec!["auth", "status"],
+    ];
     let (cert, key) = (path(&stranger.cert), path(&stranger.key));
+    let mut wrong = ca_flag.to_vec();
     wrong.extend(["--client-cert", &cert, "--client-key", &key]);
-    refused(&https, &wrong, "does not accept this client certificate");
+    let plain = format!("http://{}", server.addr);
+    let mistakes: [(&str, &[&str], &str); 4] = [
+        (&plain, &[], "this port speaks TLS only: use https://"),
+        (&https, &[], "pass --cacert"),
+        (
+            &https,
+            &ca_flag,
+            "requires a client certificate: pass --client-cert",
+        ),
+        (&https, &wrong, "does not accept this client certificate"),
+    ];
+    for command in &commands {
+        for (endpoint, flags, says) in &mistakes {
+            let out = cli(endpoint, flags, command);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let what = format!(
+                "`leasehold {}` with {endpoint} {flags:?}",
+                command.join(" ")
+            );
+            assert_ne!(out.status.code(), Some(0), "{what}: {stderr}");
+            assert!(
+                stderr.contains(says),
+                "{what}: expected {says:?} in: {stderr}"
+            );
+            assert!(!stderr.contains("outcome unknown"), "{what}: {stderr}");
+            assert_eq!(
+                stderr.trim().lines().count(),
+                1,
+                "{what}: one line: {stderr}"
+            );
+        }
+    }
 
     // A plain HTTP client is told the same, as JSON.
     let mut s = std::net::TcpStream::connect(&server.addr).expect("connect");

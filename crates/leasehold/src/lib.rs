@@ -80,7 +80,9 @@ pub use election::{Election, Leader, Leadership};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseHandle};
 pub use leasehold_core::Mode;
-pub use tls::TlsOptions;
+#[cfg(feature = "leaseholdd")]
+pub use tls::diagnose as diagnose_tls;
+pub use tls::{advice as tls_advice, explain as explain_tls, TlsOptions};
 
 /// A fencing token.
 pub type Fence = u64;

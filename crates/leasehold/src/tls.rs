@@ -78,11 +78,37 @@ impl TlsOptions {
     }
 }
 
+/// What to do about a connection that failed for TLS, whatever reported it
+/// (a framed call, gRPC, an HTTP client): walks `error` and its sources and
+/// answers the advice for the first that names a TLS cause, `None` if none
+/// does. Every command of the `leasehold` CLI explains its connection
+/// failures with it, so one TLS mistake reads the same everywhere.
+pub fn explain(error: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut at = Some(error);
+    while let Some(e) = at {
+        if let Some(advice) = advice(&e.to_string()).or_else(|| advice(&format!("{e:?}"))) {
+            return Some(advice);
+        }
+        at = e.source();
+    }
+    None
+}
+
 #[cfg(feature = "leaseholdd")]
+/// Why a TLS connection to leaseholdd at `addr` (`host:port`) with
+/// `options` fails, if it fails for a TLS reason: a handshake is made and
+/// what the server answers read (under TLS 1.3 a refused client certificate
+/// is only said after the client's handshake is done, and HTTP stacks often
+/// report it as a bare "connection closed"). The advice, or `None`.
+pub async fn diagnose(addr: &str, options: &TlsOptions) -> Option<&'static str> {
+    let tls = ClientTls::load(options).ok()?;
+    crate::backend::frames::diagnose_tls(addr, &tls).await
+}
+
 /// What to do about a TLS failure, from its text (rustls names the cause:
 /// the alert a server sent, or why this client refused the server's
 /// certificate); `None` if it is not one.
-pub(crate) fn advice(error: &str) -> Option<&'static str> {
+pub fn advice(error: &str) -> Option<&'static str> {
     let has = |s: &str| error.contains(s);
     Some(if has("CertificateRequired") {
         "the server requires a client certificate: pass --client-cert and --client-key (LEASEHOLD_CLIENT_CERT, LEASEHOLD_CLIENT_KEY)"

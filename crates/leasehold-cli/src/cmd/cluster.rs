@@ -96,9 +96,22 @@ pub(super) async fn at_leader(
         }
         let response = match call.send().await {
             Ok(r) => r,
+            // Every node would refuse the same certificate: say so at once.
             Err(e) => {
-                errors.push(format!("{addr}: {e}"));
-                continue;
+                let advice = match leasehold::explain_tls(&e) {
+                    Some(advice) => Some(advice),
+                    // hyper may report a refused certificate as a closed
+                    // connection: a handshake of our own reads the alert.
+                    None if scheme == "https" => leasehold::diagnose_tls(&addr, &target.tls).await,
+                    None => None,
+                };
+                match advice {
+                    Some(advice) => bail!("leaseholdd at {addr}: {advice}"),
+                    None => {
+                        errors.push(format!("{addr}: {}", causes(&e)));
+                        continue;
+                    }
+                }
             }
         };
         let status = response.status().as_u16();
@@ -116,6 +129,21 @@ pub(super) async fn at_leader(
         return Ok((status, body));
     }
     bail!("no endpoint answered: {}", errors.join("; "))
+}
+
+/// An error and its causes on one line (reqwest's own text leaves out why).
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut at = error.source();
+    while let Some(e) = at {
+        let cause = e.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        at = e.source();
+    }
+    text
 }
 
 pub(super) fn answer((status, body): (u16, Value)) -> anyhow::Result<Value> {

@@ -344,12 +344,47 @@ impl Endpoints {
                     self.move_on(&route, next, hop).await;
                 }
                 _ => {
-                    if code.is_empty() && status.code() == tonic::Code::Unavailable {
-                        self.failed(&route).await;
+                    if code.is_empty() {
+                        let status = self.explained(&route, status).await;
+                        if status.code() == tonic::Code::Unavailable {
+                            self.failed(&route).await;
+                        }
+                        return Err(status);
                     }
                     return Err(status);
                 }
             }
+        }
+    }
+
+    /// A gRPC failure that carries no server code, with its TLS cause if it
+    /// has one: hyper reports a refused client certificate as a bare
+    /// "transport error", so the handshake is tried again, framed, to read
+    /// the server's alert. The answer then reads as the framed protocol's
+    /// does: `unauthenticated`, with what to do.
+    pub async fn explained(&self, route: &Route, status: tonic::Status) -> tonic::Status {
+        let (Some(tls), tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled) =
+            (&self.tls, status.code())
+        else {
+            return status;
+        };
+        if crate::tls::explain(&status).is_some() {
+            return status;
+        }
+        match super::frames::diagnose_tls(&route.addr, tls).await {
+            Some(advice) => {
+                let mut refused = tonic::Status::unauthenticated(format!(
+                    "leaseholdd at {}: {advice} ({})",
+                    route.addr,
+                    status.message()
+                ));
+                refused.metadata_mut().insert(
+                    "leasehold-code",
+                    MetadataValue::from_static("unauthenticated"),
+                );
+                refused
+            }
+            None => status,
         }
     }
 }

@@ -409,6 +409,41 @@ fn refused_handshake(addr: &str, alert: &str) -> Failure {
     Failure::Refused(refusal.encode_to_vec().into())
 }
 
+/// Why a TLS connection to `addr` fails, if it does for a TLS reason: a
+/// fresh handshake, then a read of what the server says (under TLS 1.3 its
+/// refusal of a client certificate comes after the client's handshake is
+/// done). For a call over another stack (gRPC) that reported only "transport
+/// error": the advice, or `None` if the handshake and the read went well.
+pub(crate) async fn diagnose_tls(addr: &str, tls: &ClientTls) -> Option<&'static str> {
+    use tokio::io::AsyncReadExt;
+    let probe = async {
+        let stream = TcpStream::connect(addr).await.ok()?;
+        let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+        let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
+            .ok()?
+            .to_owned();
+        let mut stream = match TlsConnector::from(tls.rustls.clone())
+            .connect(name, stream)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => return crate::tls::advice(&e.to_string()),
+        };
+        if let Err(e) = stream.write_all(PREAMBLE).await {
+            return crate::tls::advice(&e.to_string());
+        }
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await {
+            Ok(Err(e)) => crate::tls::advice(&e.to_string()),
+            _ => None,
+        }
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, probe)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Why a write failed. Under TLS 1.3 a server checks the client's
 /// certificate after the client's handshake is done, so a refusal shows as
 /// the next write failing; the alert that says why is waiting to be read.

@@ -11,7 +11,7 @@ mod endpoints;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 #[cfg(feature = "leaseholdd")]
-mod frames;
+pub(crate) mod frames;
 #[cfg(feature = "leaseholdd")]
 pub mod leaseholdd;
 pub mod memory;

@@ -59,6 +59,15 @@ pub(super) fn error(key: &str, status: Status) -> Error {
 /// saw the call.
 fn uncoded(status: &Status) -> Error {
     let message = status.message().to_string();
+    // A TLS mistake reads the same as over the framed protocol: the same
+    // advice, and no retry elsewhere (every node would refuse it alike).
+    if let Some(advice) = crate::tls::explain(status) {
+        return if advice.contains("use http") {
+            Error::InvalidArgument(format!("leaseholdd: {advice}"))
+        } else {
+            Error::Unauthenticated(format!("leaseholdd: {advice} ({message})"))
+        };
+    }
     match status.code() {
         Code::Unavailable | Code::Unknown | Code::Cancelled => Error::Unavailable(message),
         // tonic's message size limits (a request, or an answer such as a

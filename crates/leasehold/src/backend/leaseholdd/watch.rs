@@ -58,7 +58,8 @@ fn resumable(status: &tonic::Status) -> bool {
         .get("leasehold-code")
         .and_then(|v| v.to_str().ok())
     {
-        None => true,
+        // A TLS refusal has no code either, and is the same at every node.
+        None => crate::tls::explain(status).is_none(),
         Some(code) => matches!(code, "unavailable" | "not_leader"),
     }
 }
@@ -94,12 +95,16 @@ impl Watching {
                     self.stream = Some(opened);
                     return Ok(());
                 }
-                Err(status) if resumable(&status) && tokio::time::Instant::now() < give_up => {
-                    self.endpoints.failed(&self.endpoints.route()).await;
+                Err(status) => {
+                    // A TLS mistake is the same at every node: said at once.
+                    let status = endpoints.explained(&endpoints.route(), status).await;
+                    if !resumable(&status) || tokio::time::Instant::now() >= give_up {
+                        return Err(error(&self.prefix, status));
+                    }
+                    endpoints.failed(&endpoints.route()).await;
                     tokio::time::sleep(pause(attempt)).await;
                     attempt += 1;
                 }
-                Err(status) => return Err(error(&self.prefix, status)),
             }
         }
     }
