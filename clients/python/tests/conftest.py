@@ -54,23 +54,26 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self) -> None:
+    def __init__(self, extra=(), scheme: str = "http", ready=None) -> None:
         binary = os.environ.get("LEASEHOLDD") or str(ROOT / "target" / "debug" / "leaseholdd")
         if not Path(binary).exists():
             pytest.fail(f"{binary} not found: cargo build --bin leaseholdd, or set LEASEHOLDD")
         self.dir = tempfile.TemporaryDirectory(prefix="leasehold-py-")
         self.addr = f"127.0.0.1:{free_port()}"
-        self.url = f"http://{self.addr}"
+        self.url = f"{scheme}://{self.addr}"
         self.log = open(Path(self.dir.name) / "server.log", "wb")
         self.proc = subprocess.Popen(
-            [binary, "--listen", self.addr, "--data-dir", str(Path(self.dir.name) / "data")],
+            [binary, "--listen", self.addr, "--data-dir", str(Path(self.dir.name) / "data"), *extra],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
         until = time.monotonic() + 20
         while True:
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                if ready is not None:
+                    if ready(self):
+                        break
+                elif httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

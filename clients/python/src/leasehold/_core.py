@@ -8,6 +8,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -86,6 +87,125 @@ class Endpoints:
                 self.urls.append(url)
             self._current = self.urls.index(url)
         return True
+
+
+Cert = Union[str, Tuple[str, str]]
+
+
+def tls_context(verify: Union[bool, str, ssl.SSLContext, None], cert: Optional[Cert]) -> Union[bool, ssl.SSLContext]:
+    """What the clients hand httpx as ``verify``, from their own arguments
+    and the environment the CLI reads too.
+
+    ``verify``: ``True`` (the system's CAs, or ``LEASEHOLD_CACERT`` if set),
+    a CA file (PEM), ``False`` (no check; never in production) or an
+    :class:`ssl.SSLContext` of your own. ``cert``: a client certificate for a
+    server started with ``--tls-client-ca``: ``(cert.pem, key.pem)``, or one
+    file holding both; default ``LEASEHOLD_CLIENT_CERT`` and
+    ``LEASEHOLD_CLIENT_KEY``."""
+    if isinstance(verify, ssl.SSLContext):
+        return verify
+    if cert is None:
+        cert_file, key_file = os.environ.get("LEASEHOLD_CLIENT_CERT"), os.environ.get("LEASEHOLD_CLIENT_KEY")
+        if cert_file:
+            cert = (cert_file, key_file) if key_file else cert_file
+    ca = verify if isinstance(verify, str) else (os.environ.get("LEASEHOLD_CACERT") if verify else None)
+    if verify is not False and ca is None and cert is None:
+        return True
+    try:
+        context = ssl.create_default_context(cafile=ca)
+        if verify is False:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if cert is not None:
+            certfile, keyfile = (cert, None) if isinstance(cert, str) else cert
+            context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as e:
+        raise errors.InvalidArgument(f"TLS files (CA {ca!r}, certificate {cert!r}): {e}") from None
+    return context
+
+
+# What a TLS failure's text says (OpenSSL's reason, or the alert the server
+# sent), and what to do about it; the same advice as the Rust client's.
+_TLS_ADVICE = (
+    (("certificate required", "CERTIFICATE_REQUIRED"),
+     "the server requires a client certificate: pass cert=(cert.pem, key.pem) (LEASEHOLD_CLIENT_CERT, LEASEHOLD_CLIENT_KEY)"),
+    (("CERTIFICATE_VERIFY_FAILED", "certificate verify failed"),
+     "the server's certificate is not signed by a CA this client trusts, or does not name the host: pass verify='ca.pem' with the CA that signed it (LEASEHOLD_CACERT)"),
+    (("unknown ca", "UNKNOWN_CA", "bad certificate", "BAD_CERTIFICATE", "decrypt error"),
+     "the server does not accept this client certificate: use one signed by the CA of the server's --tls-client-ca"),
+    (("certificate expired", "CERTIFICATE_EXPIRED"),
+     "a certificate is outside its validity period: renew it"),
+    (("WRONG_VERSION_NUMBER", "wrong version number", "record layer failure"),
+     "the server does not speak TLS on this port: use http://"),
+)
+
+
+def tls_advice(error: BaseException) -> Optional[str]:
+    """What to do about a connection that failed for TLS, from ``error`` and
+    the exceptions it came from; ``None`` if none names a TLS cause."""
+    seen = set()
+    at: Optional[BaseException] = error
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        text = f"{at} {at!r}"
+        for needles, advice in _TLS_ADVICE:
+            if any(n in text for n in needles):
+                return advice
+        at = at.__cause__ or at.__context__
+    return None
+
+
+@dataclass
+class Settings:
+    """What both clients make of their arguments."""
+
+    endpoints: Endpoints
+    holder: str
+    timeout: float
+    retry: "Retry"
+    headers: Dict[str, str]
+    verify: Union[bool, ssl.SSLContext]
+
+    @classmethod
+    def of(
+        cls,
+        url: Union[str, List[str], None],
+        holder: Optional[str],
+        token: Optional[str],
+        timeout: float,
+        retry: Optional["Retry"],
+        verify: Union[bool, str, ssl.SSLContext],
+        cert: Optional[Cert],
+    ) -> "Settings":
+        token = token or os.environ.get("LEASEHOLD_TOKEN")
+        return cls(
+            endpoints=Endpoints(url or os.environ.get("LEASEHOLD_ENDPOINT") or DEFAULT_ENDPOINT),
+            holder=holder or os.environ.get("LEASEHOLD_HOLDER") or default_holder(),
+            timeout=timeout,
+            retry=retry or Retry(),
+            headers={"authorization": f"Bearer {token}"} if token else {},
+            verify=tls_context(verify, cert),
+        )
+
+
+def transport_error(url: str, error: BaseException, connected: bool, several: bool) -> errors.LeaseholdError:
+    """The error a failed HTTP exchange stands for. A TLS refusal is
+    :class:`~leasehold.Unavailable` with what to do, raised at once (every
+    node would refuse the same); a connection never made did nothing
+    (``Unavailable``); one that broke after the request may have acted
+    (``OutcomeUnknown``)."""
+    advice = tls_advice(error)
+    if advice is not None:
+        err: errors.LeaseholdError = errors.Unavailable(f"{url}: {advice} ({error})")
+        err.final = True
+        return err
+    if not connected:
+        if not several and "refused" in str(error).lower():
+            err = errors.Unavailable(f"{url}: {error} (is leaseholdd running there?)")
+            err.final = True
+            return err
+        return errors.Unavailable(f"{url}: {error}")
+    return errors.OutcomeUnknown(f"{url}: {error}")
 
 
 @dataclass
@@ -277,7 +397,10 @@ def outcome(endpoints: Endpoints, status: int, success: bool, answer: Any) -> Op
 
 def retryable(err: errors.LeaseholdError, retry_codes: tuple) -> bool:
     """Nothing was done (retry anywhere), or the outcome is unknown and the
-    call carries a request id (``retry_codes``)."""
+    call carries a request id (``retry_codes``); never an error marked
+    final (a TLS refusal, a lone endpoint that refuses connections)."""
+    if getattr(err, "final", False):
+        return False
     return err.code in NOT_DONE or err.code in retry_codes
 
 

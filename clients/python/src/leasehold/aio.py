@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
+import ssl
 import time
 import urllib.parse
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple, Union
@@ -21,22 +21,22 @@ import httpx
 from . import errors
 from .election import AsyncElection
 from ._core import (
-    DEFAULT_ENDPOINT,
     MAYBE_DONE,
+    Cert,
     Clock,
-    Endpoints,
     LeaseState,
     Number,
     Retry,
+    Settings,
     Watching,
     WatchEvent,
     acquire_body,
     checkpoint_of,
-    default_holder,
     outcome,
     request_id,
     resumable,
     retryable,
+    transport_error,
 )
 
 
@@ -141,15 +141,12 @@ class AsyncClient:
         token: Optional[str] = None,
         timeout: float = 5.0,
         retry: Optional[Retry] = None,
-        verify: Union[bool, str] = True,
+        verify: Union[bool, str, ssl.SSLContext] = True,
+        cert: Optional[Cert] = None,
     ) -> None:
-        self.endpoints = Endpoints(url or os.environ.get("LEASEHOLD_ENDPOINT") or DEFAULT_ENDPOINT)
-        self.holder = holder or os.environ.get("LEASEHOLD_HOLDER") or default_holder()
-        self.timeout = timeout
-        self.retry = retry or Retry()
-        token = token or os.environ.get("LEASEHOLD_TOKEN")
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(headers=headers, verify=verify)
+        s = Settings.of(url, holder, token, timeout, retry, verify, cert)
+        self.endpoints, self.holder, self.timeout, self.retry = s.endpoints, s.holder, s.timeout, s.retry
+        self._http = httpx.AsyncClient(headers=s.headers, verify=s.verify)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -225,6 +222,9 @@ class AsyncClient:
                                 yield event
                         why = "the node closed the stream"
             except httpx.TransportError as e:
+                err = transport_error(url, e, True, True)
+                if getattr(err, "final", False):
+                    raise err from None
                 why = f"{url}: {e}"
             except errors.LeaseholdError as e:
                 if not resumable(e):
@@ -329,16 +329,13 @@ class AsyncClient:
             url = self.endpoints.current() + path
             try:
                 r = await self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
-            except httpx.ConnectError as e:
-                # Never reached a server: nothing was done. With no other
-                # node to try, a refused connection is final at once.
-                if len(self.endpoints.urls) == 1 and "refused" in str(e).lower():
-                    raise errors.Unavailable(f"{url}: {e} (is leaseholdd running there?)") from None
-                self.endpoints.next()
-                err: errors.LeaseholdError = errors.Unavailable(f"{url}: {e}")
             except httpx.TransportError as e:
+                # Never connected: nothing was done. Broken after: it may
+                # have acted. A TLS refusal, or a lone endpoint refusing
+                # connections, is final at once.
+                connected = not isinstance(e, httpx.ConnectError)
+                err: errors.LeaseholdError = transport_error(url, e, connected, len(self.endpoints.urls) > 1)
                 self.endpoints.next()
-                err = errors.OutcomeUnknown(f"{url}: {e}")
             else:
                 try:
                     answer = r.json()

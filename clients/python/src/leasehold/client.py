@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import ssl
 import threading
 import time
 import urllib.parse
@@ -13,22 +14,22 @@ import httpx
 from . import errors
 from .election import Election
 from ._core import (
-    DEFAULT_ENDPOINT,
     MAYBE_DONE,
+    Cert,
     Clock,
-    Endpoints,
     LeaseState,
     Number,
     Retry,
+    Settings,
     Watching,
     WatchEvent,
     acquire_body,
     checkpoint_of,
-    default_holder,
     outcome,
     request_id,
     resumable,
     retryable,
+    transport_error,
 )
 
 
@@ -166,17 +167,12 @@ class Client:
         token: Optional[str] = None,
         timeout: float = 5.0,
         retry: Optional[Retry] = None,
-        verify: Union[bool, str] = True,
+        verify: Union[bool, str, ssl.SSLContext] = True,
+        cert: Optional[Cert] = None,
     ) -> None:
-        import os
-
-        self.endpoints = Endpoints(url or os.environ.get("LEASEHOLD_ENDPOINT") or DEFAULT_ENDPOINT)
-        self.holder = holder or os.environ.get("LEASEHOLD_HOLDER") or default_holder()
-        self.timeout = timeout
-        self.retry = retry or Retry()
-        token = token or os.environ.get("LEASEHOLD_TOKEN")
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(headers=headers, verify=verify)
+        s = Settings.of(url, holder, token, timeout, retry, verify, cert)
+        self.endpoints, self.holder, self.timeout, self.retry = s.endpoints, s.holder, s.timeout, s.retry
+        self._http = httpx.Client(headers=s.headers, verify=s.verify)
 
     def close(self) -> None:
         self._http.close()
@@ -281,6 +277,9 @@ class Client:
                                 yield event
                         why = "the node closed the stream"
             except httpx.TransportError as e:
+                err = transport_error(url, e, True, True)
+                if getattr(err, "final", False):
+                    raise err from None
                 why = f"{url}: {e}"
             except errors.LeaseholdError as e:
                 # An error event: a node stopping may go on elsewhere.
@@ -387,16 +386,13 @@ class Client:
             url = self.endpoints.current() + path
             try:
                 r = self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
-            except httpx.ConnectError as e:
-                # Never reached a server: nothing was done. With no other
-                # node to try, a refused connection is final at once.
-                if len(self.endpoints.urls) == 1 and "refused" in str(e).lower():
-                    raise errors.Unavailable(f"{url}: {e} (is leaseholdd running there?)") from None
-                self.endpoints.next()
-                err: errors.LeaseholdError = errors.Unavailable(f"{url}: {e}")
             except httpx.TransportError as e:
+                # Never connected: nothing was done. Broken after: it may
+                # have acted. A TLS refusal, or a lone endpoint refusing
+                # connections, is final at once.
+                connected = not isinstance(e, httpx.ConnectError)
+                err: errors.LeaseholdError = transport_error(url, e, connected, len(self.endpoints.urls) > 1)
                 self.endpoints.next()
-                err = errors.OutcomeUnknown(f"{url}: {e}")
             else:
                 try:
                     answer = r.json()
