@@ -155,6 +155,10 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Free keys too: those nobody holds or waits for, kept for a
+        /// checkpoint (an election's last value, say) or a lock-delay.
+        #[arg(long)]
+        all: bool,
     },
     /// Load-test the store: the same closed-loop workload on any backend.
     Bench {

@@ -213,6 +213,12 @@ fn leader_shows_who_elect_made_leader_and_watches_it_change() {
         [None, Some("node-1"), None, Some("node-2"), None],
         "{values:?}"
     );
+    // Nobody leads: the key only keeps the last value, and `status` lists
+    // it only when asked for free keys (as the dashboard does).
+    let listed = String::from_utf8(run(&server, &["status"]).stdout).expect("utf-8");
+    assert_eq!(listed.trim(), "no locks held", "{listed}");
+    let all = String::from_utf8(run(&server, &["status", "--all"]).stdout).expect("utf-8");
+    assert!(all.contains("(free)"), "{all}");
 }
 
 #[test]
@@ -908,9 +914,25 @@ fn cluster_status_add_and_remove() {
     let nobody = format!("127.0.0.1:{}", leasehold_testkit::free_port());
     let out = cli(&["cluster", "add", "5", &nobody]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
+    // It says at once what it waits for, and while it waits, what it lacks.
+    let said = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = said.trim().lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("adding node 5 at {nobody}: it joins as a learner")),
+        "{said}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("waiting for node 5 to catch up: ")),
+        "{said}"
+    );
     assert_eq!(
-        String::from_utf8_lossy(&out.stderr).trim(),
-        format!("leasehold: node 5 at {nobody} did not answer within 10 s; it was not added")
+        lines.last().copied(),
+        Some(
+            format!("leasehold: node 5 at {nobody} did not answer within 10 s; it was not added")
+                .as_str()
+        )
     );
 
     let new = c.start_new_node(4);

@@ -26,6 +26,11 @@
 //! | `leasehold_raft_replication_lag{peer}` | gauge | on the leader: entries each member is behind |
 //! | `leasehold_raft_snapshot_chunks_sent_total` | counter | snapshot chunks sent to peers (a member catching up from a snapshot) |
 //! | `leasehold_raft_append_streams_total{transport}` | counter | on a leader: streams of appends opened to peers, `framed` or `grpc` (with peer certificates, or to a member of an earlier build) |
+//!
+//! Beside them, the process's own (`process_*`) and the build's
+//! (`leasehold_build_info`): see [`process`].
+
+mod process;
 
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
@@ -101,6 +106,7 @@ pub struct Metrics {
     /// Streams of appends opened to peers, by transport; the peer
     /// transport counts them.
     pub append_streams: Family<TransportLabel, Counter>,
+    process: Option<process::Process>,
 }
 
 /// How a stream of appends goes to a peer: `framed` or `grpc`.
@@ -141,6 +147,7 @@ impl Default for Metrics {
             lag: Family::default(),
             snapshot_chunks: Counter::default(),
             append_streams: Family::default(),
+            process: None,
         };
         let r = &mut m.registry;
         r.register(
@@ -250,6 +257,7 @@ impl Default for Metrics {
             "On a leader: streams of appends opened to peers, by transport",
             m.append_streams.clone(),
         );
+        m.process = Some(process::Process::register(&mut m.registry));
         m
     }
 }
@@ -315,6 +323,9 @@ impl Metrics {
         self.last_log.set(gauge_value(now.last_log_index));
         self.commit.set(gauge_value(now.commit_index));
         self.snapshot.set(gauge_value(now.snapshot_index));
+        if let Some(process) = &self.process {
+            process.sample();
+        }
         self.lag.clear();
         for &(peer, lag) in &now.replication_lag {
             self.lag

@@ -98,6 +98,23 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
         .unwrap()
         .iter()
         .all(|m| m["voter"] == true));
+    // The leader's metrics show each peer's lag, not its own; and the
+    // process's own metrics and the build are there.
+    let leader_id = status["id"].as_u64().expect("an id");
+    let text = http_get(&c.nodes[leader].addr, "/metrics").expect("metrics");
+    let lags: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("leasehold_raft_replication_lag{"))
+        .collect();
+    assert_eq!(lags.len(), 2, "{lags:?}");
+    assert!(
+        !lags.iter().any(|l| l.contains(&format!("peer=\"{leader_id}\""))),
+        "{lags:?}"
+    );
+    for name in ["process_cpu_seconds_total ", "process_resident_memory_bytes ", "process_open_fds "] {
+        assert!(text.contains(&format!("\n{name}")), "{name}");
+    }
+    assert!(text.contains("leasehold_build_info{version="), "build info");
     // Exactly one initialization: the log says so on one node only.
     let inits = c
         .nodes
@@ -664,6 +681,7 @@ async fn a_removed_member_says_so_and_stops_campaigning() {
         let (code, h) = health_of(gone_addr.clone()).await;
         if h["status"] == "removed" {
             assert_eq!(code, 503, "{h}");
+            assert_eq!(h["role"], "removed", "{h}");
             break h;
         }
         assert!(

@@ -83,7 +83,7 @@ pub enum Error {
     /// and revoking are never refused so): nothing was done, and sending it
     /// again at once will not help. Free some, raise the limit, or ask for
     /// less (a narrower prefix), or later.
-    #[error("the {backend} store is out of resources: {reason}; free some, raise the limit or ask for less before trying again")]
+    #[error("the {backend} store refused it for a limit: {reason}")]
     ResourceExhausted {
         /// The backend.
         backend: &'static str,

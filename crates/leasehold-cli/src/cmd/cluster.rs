@@ -268,12 +268,37 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<i32> {
 /// `leasehold cluster add ID ADDR`.
 pub async fn add(target: &Target, id: u64, addr: &str) -> anyhow::Result<i32> {
     let body = serde_json::json!({ "id": id, "addr": addr });
-    answer(
-        at_leader(target, |h, a| {
-            h.post(format!("{a}/v1/cluster/members")).json(&body)
-        })
-        .await?,
-    )?;
+    eprintln!(
+        "adding node {id} at {addr}: it joins as a learner, catches up with the leader's log, then votes"
+    );
+    let adding = at_leader(target, |h, a| {
+        h.post(format!("{a}/v1/cluster/members")).json(&body)
+    });
+    tokio::pin!(adding);
+    // Says what it waits for while the leader brings the node up to date.
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(2));
+    every.tick().await;
+    let done = loop {
+        tokio::select! {
+            done = &mut adding => break done,
+            _ = every.tick() => {
+                let view = at_leader(target, |h, a| h.get(format!("{a}/v1/cluster"))).await;
+                let progress = view.ok().and_then(|(_, v)| {
+                    let last = v["last_log_index"].as_u64()?;
+                    let member = v["members"].as_array()?.iter().find(|m| m["id"] == id)?.clone();
+                    Some(match member["matched_index"].as_u64() {
+                        Some(matched) => format!("it has {matched} of {last} log entries"),
+                        None => "it has not answered the leader yet (is it started, with --node-id and --peers?)".to_string(),
+                    })
+                });
+                eprintln!(
+                    "waiting for node {id} to catch up: {}",
+                    progress.unwrap_or_else(|| "the leader has not listed it yet".to_string())
+                );
+            }
+        }
+    };
+    answer(done?)?;
     println!("node {id} at {addr} caught up and is a voter");
     Ok(0)
 }

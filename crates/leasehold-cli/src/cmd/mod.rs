@@ -119,9 +119,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             })
             .await
         }
-        Command::Status { prefix, json } => {
+        Command::Status { prefix, json, all } => {
             using(client().await, async |c| {
-                status::status(c, &prefix, json).await
+                status::status(c, &prefix, json, all).await
             })
             .await
         }

@@ -5,8 +5,18 @@ use futures::StreamExt;
 use leasehold::Client;
 use serde_json::json;
 
-pub async fn status(client: &Client, prefix: &str, as_json: bool) -> anyhow::Result<i32> {
-    let locks = client.status(prefix).await.context("list locks")?;
+/// `leasehold status`: the keys held or waited for (with `all`, free
+/// keys too, as the dashboard's "show free keys" does).
+pub async fn status(
+    client: &Client,
+    prefix: &str,
+    as_json: bool,
+    all: bool,
+) -> anyhow::Result<i32> {
+    let mut locks = client.status(prefix).await.context("list locks")?;
+    if !all {
+        locks.retain(|l| !l.holders.is_empty() || l.waiters > 0);
+    }
     // A lock set is several keys held with one token.
     let mut by_fence = std::collections::HashMap::new();
     for fence in locks.iter().filter_map(|l| l.fence) {

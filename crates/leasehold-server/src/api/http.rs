@@ -312,9 +312,11 @@ async fn gauges(consensus: &crate::raft::Consensus) -> crate::metrics::Gauges {
         last_log_index: cluster.last_log_index,
         commit_index: cluster.commit_index,
         snapshot_index: cluster.snapshot_index,
+        // The leader's lag behind itself is no lag: its peers only.
         replication_lag: cluster
             .members
             .iter()
+            .filter(|m| m.id != cluster.id)
             .filter_map(|m| m.lag.map(|lag| (m.id, lag)))
             .collect(),
     }

@@ -89,7 +89,8 @@ pub struct MemberStatus {
 pub struct ClusterStatus {
     /// The node answering.
     pub id: NodeId,
-    /// `leader`, `follower`, `candidate` or `learner`.
+    /// `leader`, `follower`, `candidate`, `learner`, or `removed` (it learned
+    /// it is no longer a member).
     pub role: &'static str,
     /// The current term.
     pub term: u64,
@@ -253,7 +254,13 @@ impl Consensus {
         };
         ClusterStatus {
             id: m.id,
-            role: role(m.state),
+            // openraft never tells a removed member; it still calls itself
+            // a follower.
+            role: if self.removed() {
+                "removed"
+            } else {
+                role(m.state)
+            },
             term: m.current_term,
             leader: m.current_leader,
             leader_addr: m

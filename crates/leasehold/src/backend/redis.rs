@@ -86,12 +86,12 @@ fn refusal(
         )),
         (_, Some("OOM")) => Error::ResourceExhausted {
             backend: "redis",
-            reason: shown,
+            reason: format!("{shown}: free memory in Redis or raise its maxmemory"),
         },
         (_, Some("ERR")) if detail.is_some_and(|d| d.contains("max number of clients")) => {
             Error::ResourceExhausted {
                 backend: "redis",
-                reason: shown,
+                reason: format!("{shown}: close clients or raise Redis's maxclients"),
             }
         }
         (Kind::Moved | Kind::Ask | Kind::CrossSlot, _) => Error::Unsupported {

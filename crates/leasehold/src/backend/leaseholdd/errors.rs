@@ -74,7 +74,7 @@ fn uncoded(status: &Status) -> Error {
         // long listing, over them) and a server's own resource limits.
         Code::ResourceExhausted | Code::OutOfRange => Error::ResourceExhausted {
             backend: BACKEND,
-            reason: message,
+            reason: format!("{message}: ask for less at once (a narrower prefix, a smaller page)"),
         },
         Code::Unimplemented => Error::Unsupported {
             backend: BACKEND,
@@ -282,6 +282,25 @@ mod tests {
             let shown = format!("{status:?}");
             assert_eq!(error("k", status), expected, "{shown}");
         }
+    }
+
+    /// The server's refusal names its limit and what to do; the error says
+    /// it once, with nothing repeated after it.
+    #[test]
+    fn a_refusal_for_a_limit_gives_its_advice_once() {
+        let mut refused = Status::resource_exhausted(
+            "the node is at its limit of 3 leases (--max-leases; 3 live): revoke leases or raise the limit",
+        );
+        refused.metadata_mut().insert(
+            "leasehold-code",
+            MetadataValue::from_static("resource_exhausted"),
+        );
+        let text = error("k", refused).to_string();
+        assert_eq!(
+            text,
+            "the leaseholdd store refused it for a limit: the node is at its limit of 3 leases (--max-leases; 3 live): revoke leases or raise the limit"
+        );
+        assert_eq!(text.matches("raise the limit").count(), 1, "{text}");
     }
 
     #[test]
