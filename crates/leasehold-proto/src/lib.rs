@@ -7,6 +7,10 @@
 pub mod codec;
 pub mod frame;
 
+/// The encoded `FileDescriptorSet` of `leasehold.proto` and `raft.proto`,
+/// for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
+
 /// Raft between nodes (internal): package `leasehold.raft.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod raft {

@@ -108,10 +108,16 @@ async fn a_cluster_forms_once_and_followers_name_the_leader() {
         .collect();
     assert_eq!(lags.len(), 2, "{lags:?}");
     assert!(
-        !lags.iter().any(|l| l.contains(&format!("peer=\"{leader_id}\""))),
+        !lags
+            .iter()
+            .any(|l| l.contains(&format!("peer=\"{leader_id}\""))),
         "{lags:?}"
     );
-    for name in ["process_cpu_seconds_total ", "process_resident_memory_bytes ", "process_open_fds "] {
+    for name in [
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
+        "process_open_fds ",
+    ] {
         assert!(text.contains(&format!("\n{name}")), "{name}");
     }
     assert!(text.contains("leasehold_build_info{version="), "build info");

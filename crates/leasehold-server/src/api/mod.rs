@@ -8,6 +8,7 @@ mod calls;
 pub mod error;
 pub mod frames;
 pub mod grpc;
+mod health;
 pub mod http;
 mod ui;
 
@@ -20,8 +21,13 @@ use crate::service::LockService;
 /// reach every node with (`http` or `https`), for the leader's URL a
 /// follower names.
 pub fn router(service: LockService, peer_certificates: bool, scheme: &'static str) -> axum::Router {
-    let grpc = tonic::service::Routes::new(grpc::server(service.clone()))
+    let mut routes = tonic::service::Routes::new(grpc::server(service.clone()))
         .add_service(service.consensus().peer_service(peer_certificates))
+        .add_service(health::service(service.consensus()));
+    if let Some(reflection) = health::reflection() {
+        routes = routes.add_service(reflection);
+    }
+    let grpc = routes
         .into_axum_router()
         .layer(axum::middleware::map_response(error::with_code));
     http::router(service, scheme)

@@ -247,6 +247,33 @@ pub fn system_clock() -> Arc<dyn Clock> {
     Arc::new(SystemClock::default())
 }
 
+impl Consensus {
+    /// Whether this node can serve calls now: it leads with its clock armed,
+    /// or it follows a leader it heard from within `within` (openraft
+    /// renews a follower's vote with every append and heartbeat, and goes
+    /// on naming a leader that died until another is elected). A removed
+    /// node serves nothing.
+    pub async fn serving(&self, within: Duration) -> bool {
+        if self.removed() {
+            return false;
+        }
+        if self.now().is_some() {
+            return true;
+        }
+        let m = self.raft.metrics().borrow_watched().clone();
+        if m.current_leader.is_none() || m.current_leader == Some(m.id) {
+            return false;
+        }
+        self.raft
+            .with_raft_state(move |st| {
+                st.vote_last_modified()
+                    .is_some_and(|at| openraft::Instant::elapsed(&at) <= within)
+            })
+            .await
+            .unwrap_or(false)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::leadership_epoch;
