@@ -638,6 +638,10 @@ fn bench_runs_every_workload_and_reports_what_it_measured() {
             "{workload}: {r}"
         );
         assert!(r["server_cpu_seconds"].is_number(), "{workload}: {r}");
+        assert!(
+            r["setup_seconds"].as_f64().is_some_and(|s| s >= 0.0),
+            "{workload}: {r}"
+        );
         let errors = r["errors"].as_object().expect("errors");
         assert!(
             errors.keys().all(|k| k == "held"),

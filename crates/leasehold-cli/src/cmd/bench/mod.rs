@@ -18,7 +18,11 @@
 //!   counting its child processes too) and how many locks were lost.
 //!
 //! Every client has its own connection (its own `Client`), as separate
-//! processes would.
+//! processes would. Only what completes inside the measured window counts,
+//! for every workload: a client that finishes its setup (its grants, say)
+//! before the others waits uncounted until the clock starts, and an
+//! operation that ends after it stops is not counted either. The report
+//! says how long the setup took.
 //!
 //! # Layout
 //!
@@ -79,6 +83,8 @@ struct Shared {
     histogram: Mutex<Histogram<u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
     ops: AtomicU64,
+    /// Set when the measured window opens: nothing before it counts.
+    measuring: AtomicBool,
     stop: AtomicBool,
     /// When the measured phase began (after setup such as granting leases).
     measuring_since: Mutex<Option<Instant>>,
@@ -100,9 +106,30 @@ impl Shared {
             ),
             errors: Mutex::new(BTreeMap::new()),
             ops: AtomicU64::new(0),
+            measuring: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             measuring_since: Mutex::new(None),
         }))
+    }
+
+    /// Opens the measured window: from now on operations count.
+    fn begin(&self) {
+        if let Ok(mut since) = self.measuring_since.lock() {
+            *since = Some(Instant::now());
+        }
+        if let Ok(mut cpu) = self.cpu_since.lock() {
+            *cpu = self.server_pid.and_then(cpu_seconds);
+        }
+        self.measuring.store(true, Ordering::SeqCst);
+    }
+
+    /// Counts one operation that took `micros`, if it ended inside the
+    /// measured window.
+    fn done(&self, local: &mut Histogram<u64>, micros: u64) {
+        if self.measuring.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
+            let _ = local.record(micros.max(1));
+            self.ops.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn record(&self, local: &mut Histogram<u64>) {
@@ -146,12 +173,7 @@ fn progress(duration: Duration, quiet: bool) -> ProgressBar {
 /// Runs the clock for `duration`, updating the bar with ops/s.
 async fn run_for(duration: Duration, shared: &Shared, bar: &ProgressBar) {
     let start = Instant::now();
-    if let Ok(mut since) = shared.measuring_since.lock() {
-        *since = Some(start);
-    }
-    if let Ok(mut cpu) = shared.cpu_since.lock() {
-        *cpu = shared.server_pid.and_then(cpu_seconds);
-    }
+    shared.begin();
     while start.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let ops = shared.ops.load(Ordering::Relaxed);
@@ -209,6 +231,10 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         .and_then(|u| *u)
         .unwrap_or_else(|| (Instant::now(), a.server_pid.and_then(cpu_seconds)));
     let elapsed = until.duration_since(measured_from);
+    extra.insert(
+        "setup_seconds".into(),
+        json!(measured_from.duration_since(started).as_secs_f64()),
+    );
     bar.finish_and_clear();
     if let (Some(pid), Some(before)) = (a.server_pid, cpu_before) {
         if let Some(after) = cpu_after {
@@ -229,4 +255,27 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
     }
     report(&a, &shared, elapsed, extra);
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client done with its setup before the others counts nothing until
+    /// the window opens, and nothing after it closes.
+    #[test]
+    fn only_operations_inside_the_measured_window_count() {
+        let shared = Shared::new(None).expect("shared");
+        let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+        shared.done(&mut local, 100);
+        shared.done(&mut local, 100);
+        assert_eq!(shared.ops.load(Ordering::Relaxed), 0, "before the window");
+        shared.begin();
+        shared.done(&mut local, 100);
+        assert_eq!(shared.ops.load(Ordering::Relaxed), 1);
+        shared.stop.store(true, Ordering::Relaxed);
+        shared.done(&mut local, 100);
+        assert_eq!(shared.ops.load(Ordering::Relaxed), 1, "after the window");
+        assert_eq!(local.len(), 1, "the latencies likewise");
+    }
 }

@@ -48,6 +48,11 @@ pub(super) fn report(
         elapsed.as_secs_f64()
     );
     println!("  {ops} ops, {rate:.0} ops/s");
+    if let Some(setup) = out["setup_seconds"].as_f64().filter(|s| *s >= 0.05) {
+        println!(
+            "  setup before the measured window: {setup:.1}s (connecting, granting; not counted)"
+        );
+    }
     println!(
         "  latency ms: p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
         ms(0.5),

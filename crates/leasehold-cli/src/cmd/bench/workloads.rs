@@ -85,8 +85,7 @@ pub(super) async fn cycle(
                 match taken {
                     Ok(lease) => match lease.release().await {
                         Ok(()) => {
-                            let _ = local.record(t.elapsed().as_micros() as u64);
-                            shared.ops.fetch_add(1, Ordering::Relaxed);
+                            shared.done(&mut local, t.elapsed().as_micros() as u64);
                         }
                         Err(e) => shared.error(&e),
                     },
@@ -132,8 +131,7 @@ pub(super) async fn contended(
                         let granted = origin.elapsed().as_micros() as u64;
                         let from = released_at.swap(u64::MAX, Ordering::SeqCst);
                         if from != u64::MAX && granted >= from {
-                            let _ = local.record((granted - from).max(1));
-                            shared.ops.fetch_add(1, Ordering::Relaxed);
+                            shared.done(&mut local, granted - from);
                         }
                         let mut mine = 0;
                         grants.send_modify(|n| {
@@ -309,8 +307,7 @@ pub(super) async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> 
                     .await
                 {
                     Ok(_) => {
-                        let _ = local.record(t.elapsed().as_micros() as u64);
-                        shared.ops.fetch_add(1, Ordering::Relaxed);
+                        shared.done(&mut local, t.elapsed().as_micros() as u64);
                     }
                     Err(s) => shared.error(&Error::Other(s.message().to_string())),
                 }
@@ -342,9 +339,14 @@ pub(super) async fn hold(
     let next = Arc::new(AtomicU64::new(0));
     let prefix = format!("bench/hold/{:x}", rand::random::<u32>());
     bar.set_length(a.keys);
-    let mut tasks = Vec::new();
+    let mut connections = Vec::with_capacity(a.clients);
     for _ in 0..a.clients {
-        let mut c = grpc(a).await?;
+        connections.push(grpc(a).await?);
+    }
+    // Growth is what is measured: every grant from here on counts.
+    shared.begin();
+    let mut tasks = Vec::new();
+    for mut c in connections {
         let (shared, next, prefix, total) = (shared.clone(), next.clone(), prefix.clone(), a.keys);
         tasks.push(tokio::spawn(async move {
             let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
@@ -361,8 +363,7 @@ pub(super) async fn hold(
                 };
                 match c.acquire(req).await {
                     Ok(_) => {
-                        let _ = local.record(t.elapsed().as_micros() as u64);
-                        shared.ops.fetch_add(1, Ordering::Relaxed);
+                        shared.done(&mut local, t.elapsed().as_micros() as u64);
                     }
                     Err(s) => shared.error(&Error::Other(s.message().to_string())),
                 }
