@@ -796,14 +796,7 @@ fn watch_and_leader_go_on_across_a_kill_of_their_node() {
     let mut c = leasehold_testkit::Cluster::start(3);
     let leader = c.wait_leader();
     let order = [(leader + 1) % 3, (leader + 2) % 3, leader];
-    let follower_first = format!(
-        "http://{}",
-        order
-            .iter()
-            .map(|&i| c.nodes[i].addr.clone())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let follower_first = c.endpoints_from(order[0]);
     let lines_of = |args: &[&str], endpoint: &str| {
         let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
             .env("LEASEHOLD_ENDPOINT", endpoint)

@@ -235,6 +235,16 @@ impl Cluster {
         format!("http://{}", addrs.join(","))
     }
 
+    /// Every node, for a client, with node `first` first and the rest in
+    /// order after it: a client given these talks to `first` until it fails.
+    pub fn endpoints_from(&self, first: usize) -> String {
+        let n = self.nodes.len();
+        let addrs: Vec<&str> = (0..n)
+            .map(|i| self.nodes[(first + i) % n].addr.as_str())
+            .collect();
+        format!("http://{}", addrs.join(","))
+    }
+
     /// The index of the node that leads now, if one does.
     pub fn leader(&self) -> Option<usize> {
         self.nodes.iter().position(ClusterNode::leads)

@@ -568,14 +568,7 @@ async fn a_watch_goes_on_across_kills_of_the_node_it_streams_from() {
     let leader = c.wait_leader();
     // The watch's node is the first endpoint it is given: a follower.
     let order = [(leader + 1) % 3, (leader + 2) % 3, leader];
-    let watch_endpoints = format!(
-        "http://{}",
-        order
-            .iter()
-            .map(|&i| c.nodes[i].addr.clone())
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let watch_endpoints = c.endpoints_from(order[0]);
     let watcher = Client::connect(&watch_endpoints).await.unwrap();
     let mut events = watcher.watch("w/").await.unwrap();
 

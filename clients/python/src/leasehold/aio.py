@@ -10,9 +10,7 @@ The same rules as the blocking client; renewal runs as a task on the loop::
 from __future__ import annotations
 
 import asyncio
-import base64
 import ssl
-import time
 import urllib.parse
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple, Union
 
@@ -20,6 +18,7 @@ import httpx
 
 from . import errors
 from .election import AsyncElection
+from . import _steps as steps
 from ._core import (
     MAYBE_DONE,
     Cert,
@@ -30,12 +29,9 @@ from ._core import (
     Settings,
     Watching,
     WatchEvent,
-    acquire_body,
     checkpoint_of,
     outcome,
-    request_id,
     resumable,
-    retryable,
     transport_error,
 )
 
@@ -58,12 +54,7 @@ class AsyncLease(LeaseState):
         self._renewer = asyncio.get_running_loop().create_task(self._renew())
 
     async def save_checkpoint(self, data: Union[bytes, str]) -> None:
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        await self._client._call(
-            "POST",
-            "/v1/checkpoint",
-            {"key": self.key, "fence": self.token(), "data_base64": base64.b64encode(raw).decode()},
-        )
+        await self._client._run(steps.save_checkpoint(self, data))
 
     async def release(self) -> None:
         """Stops renewing, then ends the lease, releasing the lock; raises
@@ -76,21 +67,7 @@ class AsyncLease(LeaseState):
             await self._renewer
         except asyncio.CancelledError:
             pass
-        was_lost = self._was_lost()
-        path = f"/v1/leases/{self.lease_id}"
-        unanswered = None
-        try:
-            await self._client._call("DELETE", path, None, retry_codes=())
-        except (errors.LeaseExpired, errors.LeaseNotFound):
-            was_lost = True
-        except errors.OutcomeUnknown:
-            try:
-                await self._client._call("DELETE", path, None)
-            except (errors.LeaseExpired, errors.LeaseNotFound):
-                pass
-            except errors.LeaseholdError as e:
-                unanswered = e
-        self._released_now(was_lost, unanswered)
+        await self._client._run(steps.release(self))
 
     async def __aenter__(self) -> "AsyncLease":
         return self
@@ -103,31 +80,7 @@ class AsyncLease(LeaseState):
                 raise
 
     async def _renew(self) -> None:
-        every = self._clock.every()
-        next_at = time.monotonic() + every
-        while True:
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if self._clock.left() <= 0:
-                self._lose("the client-side deadline passed without a renewal")
-                return
-            sent_at = time.monotonic()
-            timeout = self._clock.call_timeout(len(self._client.endpoints.urls) > 1)
-            try:
-                await self._client._call(
-                    "POST",
-                    f"/v1/leases/{self.lease_id}/keepalive",
-                    {},
-                    timeout=min(timeout, max(self._clock.left(), 0.01)),
-                    retry=Retry(budget=0),
-                )
-            except (errors.LeaseExpired, errors.LeaseNotFound, errors.PermissionDenied, errors.Unauthenticated) as e:
-                self._lose(f"renewal refused: {e}")
-                return
-            except errors.LeaseholdError:
-                next_at = time.monotonic() + min(0.1, every)
-                continue
-            self._clock.renewed(sent_at)
-            next_at = sent_at + every
+        await self._client._run(steps.renew(self, len(self._client.endpoints.urls) > 1))
 
 
 class AsyncClient:
@@ -243,72 +196,39 @@ class AsyncClient:
         permits: Optional[int],
         keys: Optional[List[str]] = None,
     ) -> AsyncLease:
-        ttl = float(ttl)
-        sent_at = time.monotonic()
-        if wait is None:
-            body = acquire_body(
-                key,
-                ttl=ttl,
-                holder=self.holder,
-                lock_delay=lock_delay,
-                request_id=request_id(),
-                shared=shared,
-                permits=permits,
-                keys=keys,
-            )
-            answer = await self._call("POST", "/v1/acquire", body)
-            return self._lease(key, answer, Clock(ttl, sent_at))
-        granted = await self._call(
-            "POST",
-            "/v1/leases",
-            {"ttl_ms": round(ttl * 1000), "holder": self.holder, "request_id": request_id()},
+        answer, clock = await self._run(
+            steps.acquire(self.holder, self.timeout, key, ttl, wait, lock_delay, shared, permits, keys)
         )
-        lease_id = int(granted["lease"])
-        clock = Clock(ttl, sent_at)
-        keeper = asyncio.get_running_loop().create_task(self._keep(lease_id, clock))
-        try:
-            until = time.monotonic() + float(wait)
-            body = acquire_body(
-                key,
-                lease=lease_id,
-                wait=wait,
-                lock_delay=lock_delay,
-                request_id=request_id(),
-                shared=shared,
-                permits=permits,
-                keys=keys,
-            )
-            while True:
-                body["wait_ms"] = max(1, round((until - time.monotonic()) * 1000))
-                try:
-                    answer = await self._call(
-                        "POST", "/v1/acquire", body, timeout=body["wait_ms"] / 1000 + self.timeout
-                    )
-                    break
-                except errors.OutcomeUnknown:
-                    if time.monotonic() >= until:
-                        raise errors.WaitTimeout(f"timed out waiting for lock {key!r}", {"key": key})
-        except BaseException:
-            keeper.cancel()
-            try:
-                await self._call("DELETE", f"/v1/leases/{lease_id}", None, retry_codes=())
-            except errors.LeaseholdError:
-                pass
-            raise
-        keeper.cancel()
         return self._lease(key, answer, clock)
 
-    async def _keep(self, lease_id: int, clock: Clock) -> None:
+    async def _run(self, operation: steps.Steps) -> Any:
+        """Carries out an operation's steps (see :mod:`leasehold._steps`), as
+        ``Client._run`` does, with tasks and awaits; its result. A task
+        cancelled during a step has the cancellation thrown into the
+        operation, whose clean-up then runs."""
+        send: Any = None
+        throw: Optional[BaseException] = None
         while True:
-            await asyncio.sleep(clock.every())
-            sent_at = time.monotonic()
             try:
-                await self._call("POST", f"/v1/leases/{lease_id}/keepalive", {}, retry=Retry(budget=0))
-                clock.renewed(sent_at)
-            except (errors.LeaseExpired, errors.LeaseNotFound):
-                return
-            except errors.LeaseholdError:
-                continue
+                step = operation.throw(throw) if throw is not None else operation.send(send)
+            except StopIteration as done:
+                return done.value
+            send, throw = None, None
+            try:
+                if isinstance(step, steps.Call):
+                    send = await self._run(steps.call(self, step))
+                elif isinstance(step, steps.Http):
+                    send = await self._http.request(
+                        step.method, step.url, json=step.body, params=step.params, timeout=step.timeout
+                    )
+                elif isinstance(step, steps.Pause):
+                    await asyncio.sleep(step.seconds)
+                elif isinstance(step, steps.StartKeeper):
+                    send = asyncio.get_running_loop().create_task(self._run(steps.keep(step.lease_id, step.clock)))
+                elif isinstance(step, steps.StopKeeper):
+                    send = await _stop(step.keeper)
+            except BaseException as e:  # thrown into the operation, which decides
+                throw = e
 
     def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> AsyncLease:
         return AsyncLease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint_of(answer))
@@ -324,29 +244,17 @@ class AsyncClient:
         retry: Optional[Retry] = None,
         retry_codes: tuple = MAYBE_DONE,
     ) -> Any:
-        pauses = (retry or self.retry).pauses()
-        while True:
-            url = self.endpoints.current() + path
-            try:
-                r = await self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
-            except httpx.TransportError as e:
-                # Never connected: nothing was done. Broken after: it may
-                # have acted. A TLS refusal, or a lone endpoint refusing
-                # connections, is final at once.
-                connected = not isinstance(e, httpx.ConnectError)
-                err: errors.LeaseholdError = transport_error(url, e, connected, len(self.endpoints.urls) > 1)
-                self.endpoints.next()
-            else:
-                try:
-                    answer = r.json()
-                except ValueError:
-                    answer = None
-                failed = outcome(self.endpoints, r.status_code, r.is_success, answer)
-                if failed is None:
-                    return answer
-                err = failed
-            pause = next(pauses, None) if retryable(err, retry_codes) else None
-            if pause is None:
-                raise err
-            if not isinstance(err, errors.NotLeader):
-                await asyncio.sleep(pause)
+        """One call to the server, with its retries (:func:`leasehold._steps.call`)."""
+        c = steps.Call(method, path, body, timeout, retry, retry_codes, params)
+        return await self._run(steps.call(self, c))
+
+
+async def _stop(keeper: "asyncio.Task[Optional[str]]") -> Optional[str]:
+    """Stops a waiting acquire's renewer (again is harmless); why it lost
+    the lease, if it did."""
+    if not keeper.done():
+        keeper.cancel()
+    try:
+        return await keeper
+    except asyncio.CancelledError:
+        return None

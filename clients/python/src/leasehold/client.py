@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import ssl
 import threading
 import time
@@ -13,6 +12,7 @@ import httpx
 
 from . import errors
 from .election import Election
+from . import _steps as steps
 from ._core import (
     MAYBE_DONE,
     Cert,
@@ -23,12 +23,9 @@ from ._core import (
     Settings,
     Watching,
     WatchEvent,
-    acquire_body,
     checkpoint_of,
     outcome,
-    request_id,
     resumable,
-    retryable,
     transport_error,
 )
 
@@ -65,16 +62,7 @@ class Lease(LeaseState):
 
     def save_checkpoint(self, data: Union[bytes, str]) -> None:
         """Saves bytes with the lock for the next holder, fenced by this lease's token."""
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        self._client._call(
-            "POST",
-            "/v1/checkpoint",
-            {
-                "key": self.key,
-                "fence": self.token(),
-                "data_base64": base64.b64encode(raw).decode(),
-            },
-        )
+        self._client._run(steps.save_checkpoint(self, data))
 
     def release(self) -> None:
         """Stops renewing, then ends the lease, which releases the lock; raises
@@ -85,24 +73,7 @@ class Lease(LeaseState):
         self._stop.set()
         if threading.current_thread() is not self._renewer:
             self._renewer.join()
-        was_lost = self._was_lost()
-        path = f"/v1/leases/{self.lease_id}"
-        unanswered = None
-        try:
-            self._client._call("DELETE", path, None, retry_codes=())
-        except (errors.LeaseExpired, errors.LeaseNotFound):
-            # Ended before this release: revoked, or expired past the deadline.
-            was_lost = True
-        except errors.OutcomeUnknown:
-            # The answer was lost, and the revoke may have acted: again, and
-            # now "already ended" means it did.
-            try:
-                self._client._call("DELETE", path, None)
-            except (errors.LeaseExpired, errors.LeaseNotFound):
-                pass
-            except errors.LeaseholdError as e:
-                unanswered = e
-        self._released_now(was_lost, unanswered)
+        self._client._run(steps.release(self))
 
     def __enter__(self) -> "Lease":
         return self
@@ -121,33 +92,8 @@ class Lease(LeaseState):
         self._stop.set()
 
     def _renew(self) -> None:
-        every = self._clock.every()
-        next_at = time.monotonic() + every
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            if self._clock.left() <= 0:
-                self._lose("the client-side deadline passed without a renewal")
-                return
-            sent_at = time.monotonic()
-            timeout = self._clock.call_timeout(len(self._client.endpoints.urls) > 1)
-            try:
-                self._client._call(
-                    "POST",
-                    f"/v1/leases/{self.lease_id}/keepalive",
-                    {},
-                    timeout=min(timeout, max(self._clock.left(), 0.01)),
-                    retry=Retry(budget=0),
-                )
-            except (errors.LeaseExpired, errors.LeaseNotFound, errors.PermissionDenied, errors.Unauthenticated) as e:
-                self._lose(f"renewal refused: {e}")
-                return
-            except errors.LeaseholdError:
-                # Not answered: try again soon, until the deadline.
-                next_at = time.monotonic() + min(0.1, every)
-                continue
-            if self._stop.is_set():
-                return
-            self._clock.renewed(sent_at)
-            next_at = sent_at + every
+        several = len(self._client.endpoints.urls) > 1
+        self._client._run(steps.renew(self, several), stop=self._stop)
 
 
 class Client:
@@ -299,67 +245,9 @@ class Client:
         permits: Optional[int],
         keys: Optional[List[str]] = None,
     ) -> Lease:
-        ttl = float(ttl)
-        if wait is None:
-            # One command: the lease and the lock, or neither.
-            sent_at = time.monotonic()
-            body = acquire_body(
-                key,
-                ttl=ttl,
-                holder=self.holder,
-                lock_delay=lock_delay,
-                request_id=request_id(),
-                shared=shared,
-                permits=permits,
-                keys=keys,
-            )
-            answer = self._call("POST", "/v1/acquire", body)
-            return self._lease(key, answer, Clock(ttl, sent_at))
-        # A wait may outlast the TTL: the lease is granted first and renewed
-        # while it waits.
-        sent_at = time.monotonic()
-        granted = self._call(
-            "POST",
-            "/v1/leases",
-            {"ttl_ms": round(ttl * 1000), "holder": self.holder, "request_id": request_id()},
+        answer, clock = self._run(
+            steps.acquire(self.holder, self.timeout, key, ttl, wait, lock_delay, shared, permits, keys)
         )
-        lease_id = int(granted["lease"])
-        clock = Clock(ttl, sent_at)
-        waiting = _Keeper(self, lease_id, clock)
-        try:
-            until = time.monotonic() + float(wait)
-            body = acquire_body(
-                key,
-                lease=lease_id,
-                wait=wait,
-                lock_delay=lock_delay,
-                request_id=request_id(),
-                shared=shared,
-                permits=permits,
-                keys=keys,
-            )
-            while True:
-                body["wait_ms"] = max(1, round((until - time.monotonic()) * 1000))
-                try:
-                    answer = self._call(
-                        "POST", "/v1/acquire", body, timeout=body["wait_ms"] / 1000 + self.timeout
-                    )
-                    break
-                except errors.OutcomeUnknown:
-                    # The wait's call broke (a restart, a leader change): the
-                    # same request re-attaches to its place in the queue.
-                    if time.monotonic() >= until:
-                        raise errors.WaitTimeout(f"timed out waiting for lock {key!r}", {"key": key})
-            if waiting.lost is not None:
-                raise errors.LeaseLost(f"lease lost while waiting for {key!r}: {waiting.lost}", {"key": key})
-        except BaseException:
-            waiting.stop()
-            try:
-                self._call("DELETE", f"/v1/leases/{lease_id}", None, retry_codes=())
-            except errors.LeaseholdError:
-                pass
-            raise
-        waiting.stop()
         return self._lease(key, answer, clock)
 
     def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> Lease:
@@ -378,35 +266,41 @@ class Client:
         retry: Optional[Retry] = None,
         retry_codes: tuple = MAYBE_DONE,
     ) -> Any:
-        """One call, retried while nothing was done (a node down, not the
-        leader) and, for ``retry_codes``, while the outcome is unknown (every
-        body that changes state carries a request id, so a retry acts once)."""
-        pauses = (retry or self.retry).pauses()
+        """One call to the server, with its retries (:func:`leasehold._steps.call`)."""
+        c = steps.Call(method, path, body, timeout, retry, retry_codes, params)
+        return self._run(steps.call(self, c))
+
+    def _run(self, operation: steps.Steps, *, stop: Optional[threading.Event] = None) -> Any:
+        """Carries out an operation's steps (see :mod:`leasehold._steps`);
+        its result. With ``stop``, a pause ends the operation once it is set."""
+        send: Any = None
+        throw: Optional[BaseException] = None
         while True:
-            url = self.endpoints.current() + path
             try:
-                r = self._http.request(method, url, json=body, params=params, timeout=timeout or self.timeout)
-            except httpx.TransportError as e:
-                # Never connected: nothing was done. Broken after: it may
-                # have acted. A TLS refusal, or a lone endpoint refusing
-                # connections, is final at once.
-                connected = not isinstance(e, httpx.ConnectError)
-                err: errors.LeaseholdError = transport_error(url, e, connected, len(self.endpoints.urls) > 1)
-                self.endpoints.next()
-            else:
-                try:
-                    answer = r.json()
-                except ValueError:
-                    answer = None
-                failed = outcome(self.endpoints, r.status_code, r.is_success, answer)
-                if failed is None:
-                    return answer
-                err = failed
-            pause = next(pauses, None) if retryable(err, retry_codes) else None
-            if pause is None:
-                raise err
-            if not isinstance(err, errors.NotLeader):
-                time.sleep(pause)
+                step = operation.throw(throw) if throw is not None else operation.send(send)
+            except StopIteration as done:
+                return done.value
+            send, throw = None, None
+            try:
+                if isinstance(step, steps.Call):
+                    send = self._run(steps.call(self, step))
+                elif isinstance(step, steps.Http):
+                    send = self._http.request(
+                        step.method, step.url, json=step.body, params=step.params, timeout=step.timeout
+                    )
+                elif isinstance(step, steps.Pause):
+                    if stop is not None:
+                        if stop.wait(step.seconds):
+                            operation.close()
+                            return None
+                    else:
+                        time.sleep(step.seconds)
+                elif isinstance(step, steps.StartKeeper):
+                    send = _Keeper(self, step.lease_id, step.clock)
+                elif isinstance(step, steps.StopKeeper):
+                    send = step.keeper.stop()
+            except BaseException as e:  # thrown into the operation, which decides
+                throw = e
 
 
 class _Keeper:
@@ -415,25 +309,16 @@ class _Keeper:
     def __init__(self, client: Client, lease_id: int, clock: Clock) -> None:
         self.lost: Optional[str] = None
         self._stop = threading.Event()
+        self._operation = steps.keep(lease_id, clock)
         self._client = client
-        self._lease_id = lease_id
-        self._clock = clock
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._keep, daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self) -> Optional[str]:
+        """Stops renewing (again is harmless); why the lease was lost, if it was."""
         self._stop.set()
         self._thread.join()
+        return self.lost
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._clock.every()):
-            sent_at = time.monotonic()
-            try:
-                self._client._call("POST", f"/v1/leases/{self._lease_id}/keepalive", {}, retry=Retry(budget=0))
-                self._clock.renewed(sent_at)
-            except (errors.LeaseExpired, errors.LeaseNotFound) as e:
-                self.lost = str(e)
-                return
-            except errors.LeaseholdError:
-                continue
-
+    def _keep(self) -> None:
+        self.lost = self._client._run(self._operation, stop=self._stop)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, Iterator, Optional, Protocol, Tuple, Union
+from typing import Any, AsyncIterator, Dict, Iterator, Optional, Protocol, Union
 
 from . import errors
 from ._core import Watching, WatchEvent
@@ -156,28 +156,20 @@ class Election:
         streams from (the watch goes on elsewhere, missing nothing); should
         events be lost all the same (``watch_behind``), it reads the election
         again and reports the leader then, if it changed."""
-        observer: Optional[_Observer] = None
-        watching = Watching(self.name)
+        observing = _Observing(self.name)
         while True:
             try:
-                for event in self.client._watch(watching):
-                    if event is None:
-                        # A stream opened: read the state now, so no change
-                        # falls between (first, and after events were lost).
-                        if observer is None or observer.stale:
-                            change = _Observer.read(observer, self.name, self.client.describe(self.name))
-                            observer = change[0]
-                            if change[1] is not _NOTHING:
-                                yield change[1]
+                for event in self.client._watch(observing.watching):
+                    if event is not None:
+                        change = observing.event(event)
+                    elif observing.must_read():
+                        change = observing.read(self.client.describe(self.name))
+                    else:
                         continue
-                    if observer is not None:
-                        change = observer.event(event)
-                        if change is not _NOTHING:
-                            yield change
+                    if change is not _NOTHING:
+                        yield change
             except errors.WatchBehind:
-                watching = Watching(self.name)
-                if observer is not None:
-                    observer.stale = True
+                observing.behind()
 
 
 class AsyncElection:
@@ -211,26 +203,20 @@ class AsyncElection:
 
     async def observe(self) -> AsyncIterator[Optional[Leader]]:
         """See :meth:`Election.observe`."""
-        observer: Optional[_Observer] = None
-        watching = Watching(self.name)
+        observing = _Observing(self.name)
         while True:
             try:
-                async for event in self.client._watch(watching):
-                    if event is None:
-                        if observer is None or observer.stale:
-                            change = _Observer.read(observer, self.name, await self.client.describe(self.name))
-                            observer = change[0]
-                            if change[1] is not _NOTHING:
-                                yield change[1]
+                async for event in self.client._watch(observing.watching):
+                    if event is not None:
+                        change = observing.event(event)
+                    elif observing.must_read():
+                        change = observing.read(await self.client.describe(self.name))
+                    else:
                         continue
-                    if observer is not None:
-                        change = observer.event(event)
-                        if change is not _NOTHING:
-                            yield change
+                    if change is not _NOTHING:
+                        yield change
             except errors.WatchBehind:
-                watching = Watching(self.name)
-                if observer is not None:
-                    observer.stale = True
+                observing.behind()
 
 
 class AsyncLeadership:
@@ -260,30 +246,46 @@ class AsyncLeadership:
         await self.lease.__aexit__(*exc)
 
 
-class _Observer:
-    """Follows one election's key through its watch events. Tokens only
-    grow, so an event older than what is known (from before the state was
-    read) changes nothing."""
+class _Observing:
+    """One election followed through its watch events: what both clients'
+    ``observe`` do, with the I/O left to them. Tokens only grow, so an event
+    older than what is known (from before the state was read) changes
+    nothing. The state is read when a stream opens: the first time, and
+    after events were lost (``watch_behind``)."""
 
-    def __init__(self, name: str, view: Dict[str, Any]) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.holder = (view.get("holder") or {}).get("fence")
-        self.last = _leader_of(view)
-        #: Events were lost: the state must be read again.
-        self.stale = False
+        #: Where the watch stands; a fresh one after events were lost.
+        self.watching = Watching(name)
+        self.holder: Optional[int] = None
+        self.last: Optional[Leader] = None
+        self._read = False
+        self._stale = False
 
-    @staticmethod
-    def read(before: Optional["_Observer"], name: str, view: Dict[str, Any]) -> "Tuple[_Observer, Any]":
-        """An observer of the state ``view`` shows, and what to report: the
-        leader, the first time; then only a change from ``before``'s."""
-        now = _Observer(name, view)
-        if before is None:
-            return now, now.last
-        return now, (_NOTHING if now.last == before.last else now.last)
+    def must_read(self) -> bool:
+        """A stream opened: whether the election must be read now."""
+        return not self._read or self._stale
+
+    def read(self, view: Dict[str, Any]) -> Any:
+        """The election as ``describe`` shows it; what to report: the leader
+        the first time, then only a change."""
+        leader = _leader_of(view)
+        first = not self._read
+        self._read, self._stale = True, False
+        self.holder = (view.get("holder") or {}).get("fence")
+        if not first and leader == self.last:
+            return _NOTHING
+        self.last = leader
+        return leader
+
+    def behind(self) -> None:
+        """Events were lost: watch from now, and read the election again."""
+        self.watching = Watching(self.name)
+        self._stale = True
 
     def event(self, event: WatchEvent) -> Any:
         """One event; the change it makes, or ``_NOTHING``."""
-        if event.key != self.name:
+        if event.key != self.name or not self._read:
             return _NOTHING
         fence = event.fence
         change: Any = _NOTHING

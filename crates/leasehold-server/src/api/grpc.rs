@@ -9,7 +9,6 @@ use pb::leasehold_server::{Leasehold, LeaseholdServer};
 use tonic::{Request, Response, Status};
 
 use super::calls;
-use crate::hub::history::Position;
 use crate::raft::ClusterStatus;
 use crate::service::{ApiError, LockService};
 
@@ -271,18 +270,7 @@ impl Leasehold for Grpc {
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let (s, r) = self.caller(request)?;
-        let after = match (r.after_index, r.after_seq) {
-            (Some(index), Some(seq)) => Some(Position { index, seq }),
-            (Some(index), None) => Some(Position::end_of(index)),
-            (None, Some(_)) => {
-                return Err(ApiError::invalid(
-                    "after_seq",
-                    "needs after_index: pass both from the last event received",
-                )
-                .into())
-            }
-            (None, None) => None,
-        };
+        let after = crate::service::resume_point(r.after_index, r.after_seq)?;
         let watch = s.watch(r.prefix, after).await?;
         let stream = futures::stream::unfold(Some(watch), |watch| async move {
             let mut watch = watch?;

@@ -600,17 +600,7 @@ struct WatchQuery {
 /// `Last-Event-ID` header an `EventSource` sends when it reconnects (the
 /// last event's id, `INDEX.SEQ`). Both at once must agree.
 fn resume_point(q: &WatchQuery, headers: &HeaderMap) -> Result<Option<Position>> {
-    let query = match (q.after_index, q.after_seq) {
-        (Some(index), Some(seq)) => Some(Position { index, seq }),
-        (Some(index), None) => Some(Position::end_of(index)),
-        (None, Some(_)) => {
-            return Err(ApiError::invalid(
-                "after_seq",
-                "needs after_index: pass both from the last event received",
-            ))
-        }
-        (None, None) => None,
-    };
+    let query = crate::service::resume_point(q.after_index, q.after_seq)?;
     let header = match headers.get("last-event-id") {
         None => None,
         Some(v) => Some(v.to_str().ok().and_then(Position::parse).ok_or_else(|| {

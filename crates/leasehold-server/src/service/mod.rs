@@ -42,7 +42,7 @@ use errors::unexpected;
 pub use errors::ApiError;
 pub use locks::{AcquireArgs, LeaseSpec};
 pub use reads::{Page, LIST_KEYS_PER_LEASE, MAX_LIST};
-pub use watch::{Watch, WatchEvent};
+pub use watch::{resume_point, Watch, WatchEvent};
 
 /// A bug planted on purpose, for a simulation to show that its checker
 /// catches it (feature `planted-bugs`; never on unless a caller plants it).

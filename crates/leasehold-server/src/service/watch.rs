@@ -132,6 +132,25 @@ impl WatchEvent {
     }
 }
 
+/// Where a watch resumes, from the `after_index` and `after_seq` a caller
+/// sent (gRPC fields or HTTP query parameters): after that event, after
+/// every event of the entry at `after_index` when no `after_seq` came, or
+/// from now when neither did.
+pub fn resume_point(
+    after_index: Option<u64>,
+    after_seq: Option<u32>,
+) -> Result<Option<Position>, ApiError> {
+    match (after_index, after_seq) {
+        (Some(index), Some(seq)) => Ok(Some(Position { index, seq })),
+        (Some(index), None) => Ok(Some(Position::end_of(index))),
+        (None, Some(_)) => Err(ApiError::invalid(
+            "after_seq",
+            "needs after_index: pass both from the last event received",
+        )),
+        (None, None) => Ok(None),
+    }
+}
+
 /// The refusal of a watch whose events this node no longer has.
 fn behind(b: Behind) -> ApiError {
     ApiError::WatchBehind(format!(
