@@ -277,25 +277,28 @@ async fn grpc(a: &Args) -> anyhow::Result<Grpc> {
 
 pub(super) async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> anyhow::Result<()> {
     let per_client = (a.keys as usize / a.clients.max(1)).max(1);
+    let ttl_ms = a.ttl.as_millis() as u64;
+    // Every client grants its leases at once; the window opens when all
+    // have (renewals before it are not counted: see `Shared::done`).
+    let granted = Arc::new(tokio::sync::Barrier::new(a.clients + 1));
     let mut tasks = Vec::new();
     for i in 0..a.clients {
         let mut c = grpc(a).await?;
-        let mut leases = Vec::with_capacity(per_client);
-        for _ in 0..per_client {
-            let ttl_ms = a.ttl.as_millis() as u64;
-            leases.push(
-                c.grant(pb::GrantRequest {
+        let (shared, granted) = (shared.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut leases = Vec::with_capacity(per_client);
+            for _ in 0..per_client {
+                let grant = pb::GrantRequest {
                     ttl_ms,
                     holder: format!("bench-{i}"),
                     request_id: 0,
-                })
-                .await?
-                .into_inner()
-                .lease_id,
-            );
-        }
-        let shared = shared.clone();
-        tasks.push(tokio::spawn(async move {
+                };
+                match c.grant(grant).await {
+                    Ok(answer) => leases.push(answer.into_inner().lease_id),
+                    Err(s) => shared.error(&Error::Other(s.message().to_string())),
+                }
+            }
+            granted.wait().await;
             let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
             for lease in leases.iter().cycle() {
                 if shared.stop.load(Ordering::Relaxed) {
@@ -306,15 +309,14 @@ pub(super) async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> 
                     .keep_alive(pb::KeepAliveRequest { lease_id: *lease })
                     .await
                 {
-                    Ok(_) => {
-                        shared.done(&mut local, t.elapsed().as_micros() as u64);
-                    }
+                    Ok(_) => shared.done(&mut local, t.elapsed().as_micros() as u64),
                     Err(s) => shared.error(&Error::Other(s.message().to_string())),
                 }
             }
             shared.record(&mut local);
         }));
     }
+    granted.wait().await;
     run_then_join(a.duration, shared, bar, tasks).await
 }
 
