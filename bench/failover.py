@@ -14,7 +14,7 @@ instead (a planned restart: it hands leadership over before it exits).
 Stops exactly the processes it started.
 
     cargo build --release --bin leaseholdd --bin leasehold
-    python3 bench/failover.py [--kills 10] [--load-clients 50] [--stop kill|term] [--json]
+    python3 bench/failover.py [--kills 10] [--load-clients 50] [--stop kill|term] [--prober http|python|rust] [--json]
 
 `bench/compare.py` runs it too, for its failover table.
 """
@@ -22,6 +22,8 @@ Stops exactly the processes it started.
 import argparse
 import json
 import os
+import random
+import sys
 import shutil
 import signal
 import socket
@@ -135,12 +137,18 @@ class Cluster:
 
 
 def acquire_anywhere(cluster, key, ttl_ms, deadline):
-    """Acquire through any node, following hints; the grant or None."""
-    i = 0
+    """Acquire through any node as a real client does (docs/api.md, "Rules
+    for a client of your own"): one request id for every attempt, so an
+    attempt whose answer was lost (the leader killed after it granted) is
+    answered with that grant when sent again, instead of finding the key held
+    by its own orphaned lease; a leader named is followed at once, then with
+    a pause growing by 10 ms to 50 ms while elections run. The grant or None."""
+    body = {"key": key, "ttl_ms": ttl_ms, "request_id": random.getrandbits(52) | 1}
+    i, hops = 0, 0
     while time.monotonic() < deadline:
         addr = cluster.addrs[i % len(cluster.addrs)]
         try:
-            s, r = call(addr, "POST", "/v1/acquire", {"key": key, "ttl_ms": ttl_ms}, timeout=0.5)
+            s, r = call(addr, "POST", "/v1/acquire", body, timeout=0.5)
         except OSError:
             i += 1
             continue
@@ -151,7 +159,8 @@ def acquire_anywhere(cluster, key, ttl_ms, deadline):
             i = cluster.addrs.index(leader)
         else:
             i += 1
-            time.sleep(0.01)
+        time.sleep(min(0.01 * hops, 0.05))
+        hops += 1
     return None
 
 
@@ -191,17 +200,32 @@ class Holder(threading.Thread):
 
 
 class Prober(threading.Thread):
-    """Acquires short-lived locks without a break, noting when each succeeds."""
+    """Acquires short-lived locks without a break, noting when each succeeds:
+    over raw HTTP as `acquire_anywhere` does (`client="http"`), or with the
+    Python client (`client="python"`, `leasehold.Client` over every node:
+    run the script with a Python that has httpx, such as target/python-venv)."""
 
-    def __init__(self, cluster, name):
+    def __init__(self, cluster, name, client="http"):
         super().__init__(daemon=True)
         self.cluster, self.name, self.stop_flag, self.ok = cluster, name, threading.Event(), []
+        self.client = None
+        if client == "python":
+            sys.path.insert(0, os.path.join(ROOT, "clients", "python", "src"))
+            import leasehold
+
+            self.client = leasehold.Client("http://" + ",".join(cluster.addrs), timeout=0.5)
 
     def run(self):
         n = 0
         while not self.stop_flag.is_set():
             n += 1
-            if acquire_anywhere(self.cluster, f"{self.name}-{n}", 1000, time.monotonic() + 1):
+            if self.client is not None:
+                try:
+                    self.client.try_lock(f"{self.name}-{n}", ttl=1).release()
+                    self.ok.append(time.monotonic())
+                except Exception:  # the pause is what is measured
+                    pass
+            elif acquire_anywhere(self.cluster, f"{self.name}-{n}", 1000, time.monotonic() + 1):
                 self.ok.append(time.monotonic())
 
     def longest_pause(self, since, until):
@@ -210,9 +234,28 @@ class Prober(threading.Thread):
         return max(b - a for a, b in zip(marks, marks[1:]))
 
 
-def run(kills=10, load_clients=50, log=print, stop="kill"):
+class RustProber:
+    """The Rust client cycling without a break (`leasehold bench --workload
+    cycle`, 5 clients, every node): its longest single cycle is its longest
+    pause."""
+
+    def __init__(self, cluster, seconds):
+        endpoint = "http://" + ",".join(cluster.addrs)
+        self.proc = subprocess.Popen(
+            [CLI, "--endpoint", endpoint, "bench", "--workload", "cycle", "--clients", "5",
+             "--duration", f"{seconds}s", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def longest_pause(self):
+        out, _ = self.proc.communicate(timeout=60)
+        return json.loads(out)["latency_ms"]["max"] / 1000
+
+
+def run(kills=10, load_clients=50, log=print, stop="kill", prober="http"):
     """Stops the leader `kills` times (`kill -9`, or SIGTERM with stop="term")
-    under a cycle load; the figures as a dict."""
+    under a cycle load; the figures as a dict. `prober` is the client whose
+    longest pause is measured: `http` (this script's, as a client of its own
+    would be written), `python` or `rust`."""
     how = signal.SIGTERM if stop == "term" else signal.SIGKILL
     for b in (BIN, CLI):
         if not os.path.exists(b):
@@ -233,8 +276,11 @@ def run(kills=10, load_clients=50, log=print, stop="kill"):
         for k in range(kills):
             holder = Holder(cluster, f"held-{k}")
             holder.start()
-            prober = Prober(cluster, f"probe-{k}")
-            prober.start()
+            if prober == "rust":
+                probe = RustProber(cluster, 4)
+            else:
+                probe = Prober(cluster, f"probe-{k}", prober)
+                probe.start()
             time.sleep(1.0)
             leader = cluster.wait_leader()
             killed = time.monotonic()
@@ -243,10 +289,13 @@ def run(kills=10, load_clients=50, log=print, stop="kill"):
             took = time.monotonic() - killed
             time.sleep(2.5)  # past the holder's TTL: its lock must still be held
             holder.stop_flag.set()
-            prober.stop_flag.set()
             holder.join()
-            prober.join()
-            pause = prober.longest_pause(killed - 0.5, killed + 2.5)
+            if prober == "rust":
+                pause = probe.longest_pause()
+            else:
+                probe.stop_flag.set()
+                probe.join()
+                pause = probe.longest_pause(killed - 0.5, killed + 2.5)
             survived = holder.lost is None
             lost += 0 if survived else 1
             times.append(took if g else float("inf"))
@@ -257,7 +306,8 @@ def run(kills=10, load_clients=50, log=print, stop="kill"):
             time.sleep(1.0)
         ms = sorted(t * 1000 for t in times)
         paused = sorted(p * 1000 for p in pauses)
-        return {"kills": len(ms), "stop": stop, "load_clients": load_clients, "p50_ms": statistics.median(ms),
+        return {"kills": len(ms), "stop": stop, "prober": prober, "load_clients": load_clients,
+                "p50_ms": statistics.median(ms),
                 "max_ms": ms[-1], "pause_p50_ms": statistics.median(paused), "pause_max_ms": paused[-1],
                 "locks_lost": lost, "times_ms": ms, "pauses_ms": paused}
     finally:
@@ -274,13 +324,16 @@ def main():
     ap.add_argument("--load-clients", type=int, default=50, help="cycle clients during the kills (0: none)")
     ap.add_argument("--stop", choices=["kill", "term"], default="kill",
                     help="how the leader is stopped: kill -9, or SIGTERM (a planned restart)")
+    ap.add_argument("--prober", choices=["http", "python", "rust"], default="http",
+                    help="the client whose longest pause is measured: this script's own over HTTP, "
+                         "the Python client (run with target/python-venv/bin/python), or the Rust one")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    r = run(args.kills, args.load_clients, stop=args.stop)
+    r = run(args.kills, args.load_clients, stop=args.stop, prober=args.prober)
     if args.json:
         print(json.dumps(r))
     else:
-        print(f"{r['kills']} leader stops ({r['stop']}) under cycle x{r['load_clients']}: first acquire p50 "
+        print(f"{r['kills']} leader stops ({r['stop']}) under cycle x{r['load_clients']}, {r['prober']} prober: first acquire p50 "
               f"{r['p50_ms']:.0f} ms, max {r['max_ms']:.0f} ms; longest pause p50 {r['pause_p50_ms']:.0f} ms, "
               f"max {r['pause_max_ms']:.0f} ms; locks lost: {r['locks_lost']}")
 

@@ -214,9 +214,12 @@ class Retry:
 
     #: Give up after this many seconds of trying.
     budget: float = 10.0
-    #: The first pause between attempts; doubled each time up to ``max_pause``.
-    pause: float = 0.05
-    max_pause: float = 1.0
+    #: The first pause between attempts; each next one is this much longer,
+    #: up to ``max_pause``: 10, 20, ... 50 ms, as the Rust client looks for a
+    #: new leader, so one just elected is found within ~50 ms. (Doubling to a
+    #: second kept a client waiting up to a second past an election.)
+    pause: float = 0.01
+    max_pause: float = 0.05
 
     def pauses(self):
         """Pauses between attempts, until the budget is spent."""
@@ -224,7 +227,7 @@ class Retry:
         pause = self.pause
         while time.monotonic() + pause < until:
             yield pause
-            pause = min(pause * 2, self.max_pause)
+            pause = min(pause + self.pause, self.max_pause)
 
 
 # Codes after which nothing was done: the same request may go anywhere.
