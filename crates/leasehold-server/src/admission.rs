@@ -109,6 +109,45 @@ pub struct Usage {
     pub token: Owned,
 }
 
+/// How a refusal names one kind of limit, on the node and per token.
+struct Named {
+    /// What is counted.
+    what: &'static str,
+    /// What its use is, after the number.
+    state: &'static str,
+    node_flag: &'static str,
+    node_next: &'static str,
+    token_flag: &'static str,
+    token_next: &'static str,
+}
+
+impl Named {
+    const LEASES: Named = Named {
+        what: "leases",
+        state: "live",
+        node_flag: "--max-leases",
+        node_next: "revoke leases or raise the limit",
+        token_flag: "--max-leases-per-token",
+        token_next: "revoke its leases or raise the limit",
+    };
+    const LOCKS: Named = Named {
+        what: "held keys",
+        state: "held",
+        node_flag: "--max-locks",
+        node_next: "release locks or raise the limit",
+        token_flag: "--max-locks-per-token",
+        token_next: "release its locks or raise the limit",
+    };
+    const WAITERS: Named = Named {
+        what: "queued acquires",
+        state: "waiting",
+        node_flag: "--max-waiters",
+        node_next: "retry without waiting, or later",
+        token_flag: "--max-waiters-per-token",
+        token_next: "retry without waiting, or later",
+    };
+}
+
 /// Why a request was refused: one line naming the limit and the use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
@@ -212,41 +251,20 @@ impl Admission {
             None => (q.per_token, None),
         };
         let flag = |own: &str| role_flag.clone().unwrap_or_else(|| own.to_string());
-        let over = |limit: Option<usize>, now: usize, adds: usize| {
-            limit.is_some_and(|l| adds > 0 && now + adds > l)
-        };
-        let node = |limit: Option<usize>, what: &str, flag: &str, now: String, next: &str| {
-            Refused::full(format!(
-                "the node is at its limit of {} {what} ({flag}; {now}): {next}",
-                limit.unwrap_or(0)
-            ))
-        };
-        if over(q.max_leases, usage.leases, growth.leases) {
-            return Err(node(
-                q.max_leases,
-                "leases",
-                "--max-leases",
-                format!("{} live", usage.leases),
-                "revoke leases or raise the limit",
-            ));
-        }
-        if over(q.max_locks, usage.locks, growth.keys) {
-            return Err(node(
-                q.max_locks,
-                "held keys",
-                "--max-locks",
-                format!("{} held", usage.locks),
-                "release locks or raise the limit",
-            ));
-        }
-        if over(q.max_waiters, usage.waiters, growth.waits) {
-            return Err(node(
-                q.max_waiters,
-                "queued acquires",
-                "--max-waiters",
-                format!("{} waiting", usage.waiters),
-                "retry without waiting, or later",
-            ));
+        // Each limit: what it is, its use now, what the request adds, and
+        // how a refusal names it (the flag, the use, what to do).
+        let node = [
+            (q.max_leases, usage.leases, growth.leases, Named::LEASES),
+            (q.max_locks, usage.locks, growth.keys, Named::LOCKS),
+            (q.max_waiters, usage.waiters, growth.waits, Named::WAITERS),
+        ];
+        for (limit, now, adds, named) in node {
+            if let Some(limit) = limit.filter(|&l| adds > 0 && now + adds > l) {
+                return Err(Refused::full(format!(
+                    "the node is at its limit of {limit} {} ({}; {now} {}): {}",
+                    named.what, named.node_flag, named.state, named.node_next
+                )));
+            }
         }
         let Some(token) = token else {
             return Ok(());
@@ -264,40 +282,22 @@ impl Admission {
                     retry_after: Some(retry_after),
                 })?;
         }
-        let own = |limit: Option<usize>, what: &str, own_flag: &str, now: String, next: &str| {
-            Refused::full(format!(
-                "token {token} is at its limit of {} {what} ({}; {now}): {next}",
-                limit.unwrap_or(0),
-                flag(own_flag)
-            ))
-        };
         let has = usage.token;
-        if over(mine.leases, has.leases, growth.leases) {
-            return Err(own(
-                mine.leases,
-                "leases",
-                "--max-leases-per-token",
-                format!("{} live", has.leases),
-                "revoke its leases or raise the limit",
-            ));
-        }
-        if over(mine.locks, has.keys, growth.keys) {
-            return Err(own(
-                mine.locks,
-                "held keys",
-                "--max-locks-per-token",
-                format!("{} held", has.keys),
-                "release its locks or raise the limit",
-            ));
-        }
-        if over(mine.waiters, has.waits, growth.waits) {
-            return Err(own(
-                mine.waiters,
-                "queued acquires",
-                "--max-waiters-per-token",
-                format!("{} waiting", has.waits),
-                "retry without waiting, or later",
-            ));
+        let own = [
+            (mine.leases, has.leases, growth.leases, Named::LEASES),
+            (mine.locks, has.keys, growth.keys, Named::LOCKS),
+            (mine.waiters, has.waits, growth.waits, Named::WAITERS),
+        ];
+        for (limit, now, adds, named) in own {
+            if let Some(limit) = limit.filter(|&l| adds > 0 && now + adds > l) {
+                return Err(Refused::full(format!(
+                    "token {token} is at its limit of {limit} {} ({}; {now} {}): {}",
+                    named.what,
+                    flag(named.token_flag),
+                    named.state,
+                    named.token_next
+                )));
+            }
         }
         Ok(())
     }

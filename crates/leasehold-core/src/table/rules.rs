@@ -200,28 +200,20 @@ impl LockTable {
                 if ask.wait_ms == 0 {
                     return Err(self.busy_error(key, lock));
                 }
-                let deadline = now.saturating_add(ask.wait_ms);
-                let (key, position) = (self.shared_key(key), lock.waiters().len());
-                if let Some(lock) = self.state.locks.get_mut(&key) {
-                    lock.enqueue(Waiter {
+                let key = self.shared_key(key);
+                let position = self.enqueue(
+                    key,
+                    Waiter {
                         lease: lease_id,
                         mode: ask.mode,
                         set: None,
-                        deadline,
+                        deadline: now.saturating_add(ask.wait_ms),
                         lock_delay_ms: ask.lock_delay_ms,
                         request_id: ask.request_id,
                         attach_by: None,
                         attempt: 1,
-                    });
-                }
-                self.state
-                    .deadlines
-                    .add_wait(deadline, key.clone(), lease_id);
-                if let Some(lease) = self.state.leases.get_mut(&lease_id) {
-                    if lease.waiting.insert(key) {
-                        Owned::count(&mut self.owned, lease.owner, |o| o.waits += 1);
-                    }
-                }
+                    },
+                );
                 return Ok(Response::Queued {
                     lease: lease_id,
                     position,
@@ -233,6 +225,25 @@ impl LockTable {
         let holding = Holding::new(lease_id, ask.mode, ask.lock_delay_ms);
         let grant = self.grant_lock(&key, holding, events);
         Ok(Response::Acquired(grant))
+    }
+
+    /// Puts `waiter` at the back of `key`'s queue, with its deadline and in
+    /// its lease's waits: the one way a wait joins a queue (a lock set's
+    /// joins each of its keys' this way). The place it took, from 0.
+    pub(super) fn enqueue(&mut self, key: Arc<str>, waiter: Waiter) -> usize {
+        let (lease_id, deadline) = (waiter.lease, waiter.deadline);
+        let lock = self.state.locks.entry(key.clone()).or_default();
+        let position = lock.waiters().len();
+        lock.enqueue(waiter);
+        self.state
+            .deadlines
+            .add_wait(deadline, key.clone(), lease_id);
+        if let Some(lease) = self.state.leases.get_mut(&lease_id) {
+            if lease.waiting.insert(key) {
+                Owned::count(&mut self.owned, lease.owner, |o| o.waits += 1);
+            }
+        }
+        position
     }
 
     /// Adds `holding` (its fence not yet set) to a key that admits it, with

@@ -23,7 +23,7 @@ use crate::{LeaseId, LockError, RequestId};
 
 use super::answers::{Asked, Caller};
 use super::lock::{Set, Waiter};
-use super::{LockTable, Outcome, Owned};
+use super::{LockTable, Outcome};
 
 impl LockTable {
     pub(super) fn acquire_set_once(
@@ -140,11 +140,7 @@ impl LockTable {
         let deadline = self.state.now.saturating_add(wait_ms);
         let mut position = 0;
         for (i, key) in set.iter().enumerate() {
-            let lock = self.state.locks.entry(key.clone()).or_default();
-            if i == 0 {
-                position = lock.waiters().len();
-            }
-            lock.extra_mut().waiters.push_back(Waiter {
+            let waiter = Waiter {
                 lease: lease_id,
                 mode: Mode::Exclusive,
                 set: Some(set.clone()),
@@ -153,14 +149,10 @@ impl LockTable {
                 request_id,
                 attach_by: None,
                 attempt: 1,
-            });
-            self.state
-                .deadlines
-                .add_wait(deadline, key.clone(), lease_id);
-            if let Some(lease) = self.state.leases.get_mut(&lease_id) {
-                if lease.waiting.insert(key.clone()) {
-                    Owned::count(&mut self.owned, lease.owner, |o| o.waits += 1);
-                }
+            };
+            let place = self.enqueue(key.clone(), waiter);
+            if i == 0 {
+                position = place;
             }
         }
         Ok(Response::Queued {

@@ -16,6 +16,54 @@ use crate::backend::endpoints::{Endpoints, Rpc};
 use crate::backend::{Acquired, Hold, LockOptions};
 use crate::{Error, Fence, Result};
 
+/// How an acquire goes on trying while no node answers: [`ATTEMPTS`] times,
+/// or, for one that waits, until its wait's deadline. A wait outlives the
+/// call that carries it: if the server restarts or leadership moves, the
+/// call breaks and is sent again with the same request id until the
+/// deadline, which re-attaches to the place in the queue (the server keeps
+/// it for a few seconds).
+struct Retrying {
+    wait_until: Option<Instant>,
+    attempt: usize,
+}
+
+impl Retrying {
+    fn new(wait: Option<Duration>) -> Retrying {
+        Retrying {
+            wait_until: wait.map(|w| Instant::now() + w),
+            attempt: 0,
+        }
+    }
+
+    /// What is left of the wait, in milliseconds (at least 1; 0: no wait).
+    fn wait_ms(&self) -> u64 {
+        self.wait_until.map_or(0, |until| {
+            let left = until.saturating_duration_since(Instant::now());
+            u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
+        })
+    }
+
+    /// Whether `e` leaves room for another try: nothing was done, or the
+    /// outcome is open, and attempts or the wait are not spent.
+    fn may_retry(&self, e: &Error) -> bool {
+        unanswered(e)
+            && (self.attempt + 1 < ATTEMPTS
+                || self
+                    .wait_until
+                    .is_some_and(|until| Instant::now() + backoff(self.attempt + 1) < until))
+    }
+
+    async fn pause(&mut self) {
+        self.attempt += 1;
+        tokio::time::sleep(backoff(self.attempt)).await;
+    }
+}
+
+/// Nothing was done, or it may have been: no answer to go by.
+fn unanswered(e: &Error) -> bool {
+    matches!(e, Error::Unavailable(_) | Error::OutcomeUnknown(_))
+}
+
 impl Leaseholdd {
     /// `key` claimed on the session for `ttl`, or, if this client already
     /// holds it there, on a lease of its own: this acquire is another holder.
@@ -30,87 +78,26 @@ impl Leaseholdd {
         wait: Option<Duration>,
     ) -> Result<Acquired> {
         let request_id = rand::random::<u64>() | 1;
-        // A wait outlives the call that carries it: if the server restarts or
-        // leadership moves, the call breaks and is retried with the same
-        // request id until the wait's deadline, which re-attaches to the
-        // place in the queue (the server keeps it for a few seconds).
-        let wait_until = wait.map(|w| Instant::now() + w);
-        let wait_left = || {
-            wait_until.map_or(0, |until| {
-                let left = until.saturating_duration_since(Instant::now());
-                u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1)
-            })
-        };
-        let retry_unavailable = |attempt: usize| {
-            attempt + 1 < ATTEMPTS
-                || wait_until.is_some_and(|until| Instant::now() + backoff(attempt + 1) < until)
-        };
+        let mut retrying = Retrying::new(wait);
         let mut renewed_session = false;
-        let mut attempt = 0;
-        let lock_delay_ms = u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX);
-        let (mode, permits) = crate::backend::wire_mode(opts.mode);
         loop {
-            // A set goes out under a lease of its own, ended with it.
-            let claim = if set.is_empty() {
-                self.claim(key, opts.ttl, holder).await
-            } else {
-                self.open_session(opts.ttl, holder, true)
-                    .await
-                    .and_then(|s| {
-                        Claim::take(&s, key)
-                            .ok_or_else(|| Error::Other("a new lease already holds the key".into()))
-                    })
-            };
-            let claim = match claim {
-                Ok(c) => Arc::new(c),
+            let claim = match self.claim_for(key, set, opts.ttl, holder).await {
+                Ok(claim) => Arc::new(claim),
                 // E.g. a pooled connection the restarted server had closed.
-                Err(Error::Unavailable(_) | Error::OutcomeUnknown(_))
-                    if retry_unavailable(attempt) =>
-                {
-                    attempt += 1;
-                    tokio::time::sleep(backoff(attempt)).await;
+                Err(e) if retrying.may_retry(&e) => {
+                    retrying.pause().await;
                     continue;
                 }
                 Err(e) => return Err(e),
             };
-            let session = claim.session.clone();
-            let wait_ms = wait_left();
-            let request = pb::AcquireRequest {
-                lease_id: session.lease,
-                key: if set.is_empty() {
-                    key.to_string()
-                } else {
-                    String::new()
-                },
-                keys: set.to_vec(),
-                wait_ms,
-                lock_delay_ms,
-                request_id,
-                mode: mode.into(),
-                permits,
-                ..Default::default()
-            };
-            let granted = if wait_ms == 0 {
-                match self.endpoints.acquire(&request, claim.clone()).await {
-                    Ok(r) => Ok((r.fence, r.checkpoint)),
-                    Err(e) => Err(e.into_error(key)),
-                }
-            } else {
-                let call = |mut rpc: Rpc| {
-                    let request = request.clone();
-                    async move { rpc.acquire(request).await }
-                };
-                match self.endpoints.grpc(call).await {
-                    Ok(r) => Ok((r.fence, r.checkpoint)),
-                    Err(s) => Err(error(key, s)),
-                }
-            };
-            match granted {
+            let request = acquire_request(&claim, key, set, opts, retrying.wait_ms(), request_id);
+            let e = match self.send_acquire(&request, &claim, key).await {
                 Ok((fence, checkpoint)) => {
+                    let liveness = claim.session.liveness.child();
                     return Ok(Acquired {
                         fence: Some(fence),
                         checkpoint,
-                        liveness: session.liveness.child(),
+                        liveness,
                         hold: Box::new(LeaseholddHold {
                             endpoints: self.endpoints.clone(),
                             key: key.to_string(),
@@ -119,37 +106,100 @@ impl Leaseholdd {
                         }),
                     });
                 }
-                Err(e) => {
-                    if session.private {
-                        Self::end_session(&self.endpoints, &session).await;
-                    }
-                    let open = matches!(e, Error::Unavailable(_) | Error::OutcomeUnknown(_));
-                    if open && !session.private && !retry_unavailable(attempt) {
-                        // Given up with the outcome open: the wait may have
-                        // been granted, or may still be, to the session.
-                        settle_acquire(self.endpoints.clone(), claim.clone(), request.clone());
-                        return Err(e);
-                    }
-                    match e {
-                        // The session expired under us (e.g. the server was down
-                        // longer than its TTL): start a new one, once.
-                        Error::LeaseLost { .. } if !renewed_session => {
-                            session
-                                .liveness
-                                .lose("the server no longer knows this session");
-                            renewed_session = true;
-                        }
-                        Error::Unavailable(_) | Error::OutcomeUnknown(_)
-                            if retry_unavailable(attempt) =>
-                        {
-                            attempt += 1;
-                            tokio::time::sleep(backoff(attempt)).await;
-                        }
-                        e => return Err(e),
-                    }
+                Err(e) => e,
+            };
+            let session = claim.session.clone();
+            if session.private {
+                Self::end_session(&self.endpoints, &session).await;
+            }
+            match e {
+                e if retrying.may_retry(&e) => retrying.pause().await,
+                // Given up with the outcome open: the wait may have been
+                // granted, or may still be, to the session.
+                e if unanswered(&e) && !session.private => {
+                    settle_acquire(self.endpoints.clone(), claim, request);
+                    return Err(e);
                 }
+                // The session expired under us (e.g. the server was down
+                // longer than its TTL): start a new one, once.
+                Error::LeaseLost { .. } if !renewed_session => {
+                    session
+                        .liveness
+                        .lose("the server no longer knows this session");
+                    renewed_session = true;
+                }
+                e => return Err(e),
             }
         }
+    }
+
+    /// The claim an acquire goes out under: `key` on the session for
+    /// `ttl`, or a lock set on a lease of its own, ended with it.
+    async fn claim_for(
+        &self,
+        key: &str,
+        set: &[String],
+        ttl: Duration,
+        holder: &str,
+    ) -> Result<Claim> {
+        if set.is_empty() {
+            return self.claim(key, ttl, holder).await;
+        }
+        let session = self.open_session(ttl, holder, true).await?;
+        Claim::take(&session, key)
+            .ok_or_else(|| Error::Other("a new lease already holds the key".into()))
+    }
+
+    /// Sends an acquire: framed when it does not wait, over gRPC when it
+    /// does (a caller that gives up resets its stream, and the server
+    /// withdraws the wait at once). Its token and the checkpoint it found.
+    async fn send_acquire(
+        &self,
+        request: &pb::AcquireRequest,
+        claim: &Arc<Claim>,
+        key: &str,
+    ) -> Result<(Fence, Option<Vec<u8>>)> {
+        if request.wait_ms == 0 {
+            return match self.endpoints.acquire(request, claim.clone()).await {
+                Ok(r) => Ok((r.fence, r.checkpoint)),
+                Err(e) => Err(e.into_error(key)),
+            };
+        }
+        let call = |mut rpc: Rpc| {
+            let request = request.clone();
+            async move { rpc.acquire(request).await }
+        };
+        match self.endpoints.grpc(call).await {
+            Ok(r) => Ok((r.fence, r.checkpoint)),
+            Err(s) => Err(error(key, s)),
+        }
+    }
+}
+
+/// The acquire request for `key` (or the set `set`) under `claim`'s lease.
+fn acquire_request(
+    claim: &Claim,
+    key: &str,
+    set: &[String],
+    opts: &LockOptions,
+    wait_ms: u64,
+    request_id: u64,
+) -> pb::AcquireRequest {
+    let (mode, permits) = crate::backend::wire_mode(opts.mode);
+    pb::AcquireRequest {
+        lease_id: claim.session.lease,
+        key: if set.is_empty() {
+            key.to_string()
+        } else {
+            String::new()
+        },
+        keys: set.to_vec(),
+        wait_ms,
+        lock_delay_ms: u64::try_from(opts.lock_delay.as_millis()).unwrap_or(u64::MAX),
+        request_id,
+        mode: mode.into(),
+        permits,
+        ..Default::default()
     }
 }
 
