@@ -28,6 +28,8 @@ pub mod config_file;
 pub mod conn;
 pub mod context;
 pub mod expiry;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hub;
 mod metrics;
 pub mod raft;

@@ -788,3 +788,23 @@ async fn revoke_token(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>
     s.revoke_token(id).await?;
     Ok(Json(json!({})))
 }
+
+/// Every request body this API decodes, fed `data` as a body is (see
+/// [`crate::fuzzing`]).
+pub(crate) fn fuzz_bodies(data: &[u8]) {
+    fn body<T: DeserializeOwned>(data: &[u8]) -> Option<T> {
+        serde_json::from_slice(data).ok()
+    }
+    let _ = body::<GrantBody>(data);
+    if let Some(acquire) = body::<AcquireBody>(data) {
+        let _ = acquire_mode(acquire.mode.as_deref(), acquire.permits);
+    }
+    let _ = body::<ReleaseBody>(data);
+    let _ = body::<CheckpointBody>(data);
+    let _ = body::<MemberBody>(data);
+    let _ = body::<TransferBody>(data);
+    let _ = body::<EnableBody>(data);
+    let _ = body::<RoleBody>(data);
+    let _ = body::<TokenBody>(data);
+    let _ = body::<Value>(data);
+}

@@ -85,7 +85,7 @@ pub fn read_dir_format(dir: &Path) -> io::Result<Option<DirFormat>> {
     }
 }
 
-fn parse_dir_format(text: &str) -> Result<DirFormat, String> {
+pub(super) fn parse_dir_format(text: &str) -> Result<DirFormat, String> {
     let mut format = None;
     let mut written_by = None;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {

@@ -99,7 +99,7 @@ fn keep_alive(stream: &TcpStream) -> std::io::Result<()> {
     Ok(())
 }
 
-fn codec() -> LengthDelimitedCodec {
+pub(super) fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .max_frame_length(MAX_MESSAGE)
         .new_codec()

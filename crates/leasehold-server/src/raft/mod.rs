@@ -42,6 +42,7 @@ pub mod dir_lock;
 mod disk;
 pub mod format;
 pub mod framed;
+pub(crate) mod fuzzing;
 mod grpc;
 pub mod hash_check;
 pub mod leadership;
