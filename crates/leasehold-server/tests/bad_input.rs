@@ -636,3 +636,27 @@ fn a_non_loopback_listen_address_needs_insecure() {
         "nothing was started: {stderr}"
     );
 }
+
+/// A member added at an address the cluster already has (this node's own,
+/// here) is refused, and the node serves on. Found by schemathesis: the
+/// leader sent appends to itself as to another node, openraft took them
+/// for another leader's and stopped, and the node exited.
+#[tokio::test]
+async fn a_member_at_an_address_already_in_the_cluster_is_refused() {
+    let server = Leaseholdd::start();
+    for body in [
+        json!({"id": 231, "addr": server.addr}),
+        json!({"id": 0, "addr": "127.0.0.1:1"}),
+    ] {
+        let (status, answer) =
+            common::call("POST", &server.addr, "/v1/cluster/members", None, Some(body)).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["code"], "invalid_argument", "{answer}");
+    }
+    let (status, answer) = common::call("GET", &server.addr, "/health", None, None).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["leader"], true, "{answer}");
+    let body = json!({"key": "still", "ttl_ms": 10_000});
+    let (status, answer) = common::call("POST", &server.addr, "/v1/acquire", None, Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+}

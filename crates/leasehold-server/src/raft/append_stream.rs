@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use openraft::async_runtime::WatchReceiver;
 use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{Fatal, NetworkError, RPCError, Unreachable};
 use openraft::network::RPCOption;
@@ -458,12 +459,14 @@ pub(super) fn serve_stream(
     sender: impl Fn(NodeId) -> Result<(), String> + Send + Sync + 'static,
 ) -> BoxStream<'static, Result<Vec<u8>, String>> {
     let refused = Arc::new(Mutex::new(None::<String>));
+    let me = raft.metrics().borrow_watched().id;
     let input = {
         let refused = refused.clone();
         requests
             .map(move |request| {
                 let rpc = request.and_then(|bytes| {
                     let rpc: AppendEntriesRequest<TypeConfig> = decode(&bytes)?;
+                    super::peer::not_from_self(me, rpc.vote.leader_id.node_id)?;
                     sender(rpc.vote.leader_id.node_id)?;
                     Ok(rpc)
                 });

@@ -347,10 +347,27 @@ impl Consensus {
                 format!("node {id} is already a voter"),
             ));
         }
+        if id == 0 {
+            return Err(MembershipError::invalid("id", "node ids start at 1"));
+        }
         if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
             return Err(MembershipError::invalid(
                 "addr",
                 format!("{addr:?} is not host:port"),
+            ));
+        }
+        // One address, one node: a node listed twice would call itself.
+        let m = self.raft.metrics().borrow_watched().clone();
+        let taken = m
+            .membership_config
+            .membership()
+            .nodes()
+            .find(|(other, node)| **other != id && node.addr == addr)
+            .map(|(other, _)| *other);
+        if let Some(other) = taken {
+            return Err(MembershipError::invalid(
+                "addr",
+                format!("{addr} is node {other}'s address: each node needs its own"),
             ));
         }
         self.raft

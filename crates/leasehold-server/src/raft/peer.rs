@@ -213,6 +213,19 @@ impl Consensus {
     }
 }
 
+/// Refuses a call that says it comes from this node itself: the cluster
+/// lists this node's address under another id too (added twice), so it is
+/// calling itself, and openraft would take its own append as another
+/// leader's (it asserts against that, and the node would stop).
+pub(super) fn not_from_self(me: NodeId, from: NodeId) -> Result<(), String> {
+    if from == me {
+        return Err(format!(
+            "a raft call from node {me} to itself: the cluster lists this node's address under another id too; remove that member"
+        ));
+    }
+    Ok(())
+}
+
 /// Serves one call; `sender` checks that the node the call says it comes
 /// from (the leader or candidate in its vote) may send it.
 pub(super) async fn serve(
@@ -223,6 +236,11 @@ pub(super) async fn serve(
     payload: &[u8],
     sender: impl Fn(NodeId) -> Result<(), String>,
 ) -> Result<Vec<u8>, String> {
+    let me = raft.metrics().borrow_watched().id;
+    let sender = |from: NodeId| {
+        not_from_self(me, from)?;
+        sender(from)
+    };
     match call {
         PeerCall::Append => {
             let rpc: AppendEntriesRequest<TypeConfig> = decode(payload)?;
