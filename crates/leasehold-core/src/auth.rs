@@ -87,7 +87,11 @@ impl std::fmt::Display for Permission {
 }
 
 /// One line of a role: this permission on keys that start with `prefix`.
+/// A rule with another field is refused (as a request body is), not read
+/// as if the field were not there. (Self-describing formats only: the
+/// table's binary encoding is unchanged.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Rule {
     /// The key prefix; empty means every key.
     pub prefix: String,

@@ -206,6 +206,7 @@ pub fn router(service: LockService, scheme: &'static str) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
         .route("/v1/leases", post(grant).get(list_leases))
         .route("/v1/leases/:id", get(describe_lease).delete(revoke))
         .route("/v1/leases/:id/keepalive", post(keep_alive))
@@ -273,6 +274,16 @@ async fn health(State(s): State<LockService>) -> (axum::http::StatusCode, Json<V
         "commit_index": cluster.commit_index,
     }));
     (code, body)
+}
+
+/// `docs/openapi.yaml`, as JSON (made by `build.rs`).
+const OPENAPI: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/openapi.json"));
+
+async fn openapi() -> impl IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
 }
 
 async fn metrics(State(s): State<LockService>) -> impl IntoResponse {
