@@ -290,6 +290,21 @@ def test_election_observe_sees_every_change(server):
     assert election.leader() is None
 
 
+def test_a_hold_released_by_its_token_elsewhere_is_lost_at_the_next_renewal(server):
+    holder = leasehold.Client(server.url, holder="holder")
+    operator = leasehold.Client(server.url, holder="operator")
+    lone = holder.try_lock("elsewhere/lone", ttl=0.6)
+    whole = holder.lock_set(["elsewhere/a", "elsewhere/b"], ttl=0.6, wait=None)
+    operator.release_by_fence("elsewhere/lone", lone.fence)
+    operator.release_by_fence("elsewhere/b", whole.fence)
+    assert lone.lost.wait(5) and whole.lost.wait(5)
+    assert "released by its token elsewhere" in lone.lost_reason
+    with pytest.raises(leasehold.LeaseLost):
+        whole.token()
+    with pytest.raises(leasehold.LeaseLost):
+        lone.release()
+
+
 def test_lock_sets_are_all_or_nothing(server):
     a = leasehold.Client(server.url, holder="a")
     b = leasehold.Client(server.url, holder="b")

@@ -325,6 +325,10 @@ pub enum Response {
     Renewed {
         /// The TTL it now has.
         ttl_ms: u64,
+        /// How many keys it holds: a holder that counts fewer than it
+        /// took learns that one was released by its token elsewhere.
+        #[serde(default)]
+        key_count: u64,
     },
     /// A lease ended; these keys were released.
     Revoked {

@@ -648,8 +648,14 @@ async fn a_member_at_an_address_already_in_the_cluster_is_refused() {
         json!({"id": 231, "addr": server.addr}),
         json!({"id": 0, "addr": "127.0.0.1:1"}),
     ] {
-        let (status, answer) =
-            common::call("POST", &server.addr, "/v1/cluster/members", None, Some(body)).await;
+        let (status, answer) = common::call(
+            "POST",
+            &server.addr,
+            "/v1/cluster/members",
+            None,
+            Some(body),
+        )
+        .await;
         assert_eq!(status, 400, "{answer}");
         assert_eq!(answer["error"]["code"], "invalid_argument", "{answer}");
     }
@@ -657,6 +663,7 @@ async fn a_member_at_an_address_already_in_the_cluster_is_refused() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["leader"], true, "{answer}");
     let body = json!({"key": "still", "ttl_ms": 10_000});
-    let (status, answer) = common::call("POST", &server.addr, "/v1/acquire", None, Some(body)).await;
+    let (status, answer) =
+        common::call("POST", &server.addr, "/v1/acquire", None, Some(body)).await;
     assert_eq!(status, 200, "{answer}");
 }

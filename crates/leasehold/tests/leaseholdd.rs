@@ -200,6 +200,44 @@ async fn with_lock_cancels_its_body_when_the_lease_is_lost() {
     assert!(!body_finished.load(std::sync::atomic::Ordering::SeqCst));
 }
 
+/// A hold released by its token elsewhere (`leasehold release KEY --fence
+/// F`) is lost at the holder's next renewal, though its lease lives on;
+/// the other holds on that lease go on.
+#[tokio::test]
+async fn a_hold_released_by_its_token_elsewhere_is_lost_at_the_next_renewal() {
+    let server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    let released = a.try_acquire("elsewhere/1", opts(600)).await.unwrap();
+    let kept = a.try_acquire("elsewhere/2", opts(600)).await.unwrap();
+    let operator = Client::connect(&server.url()).await.unwrap();
+    operator
+        .release_by_fence("elsewhere/1", released.fence().unwrap())
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), released.lost())
+        .await
+        .expect("the released hold was not said lost");
+    assert!(
+        released
+            .lost_reason()
+            .contains("released by its token elsewhere"),
+        "{}",
+        released.lost_reason()
+    );
+    assert!(released.token().is_err());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        kept.is_live(),
+        "the other hold on the lease: {}",
+        kept.lost_reason()
+    );
+    assert!(matches!(
+        released.release().await,
+        Err(Error::LeaseLost { .. })
+    ));
+    kept.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn release_after_loss_says_so_and_leaves_the_new_holder_alone() {
     let server = Leaseholdd::start();

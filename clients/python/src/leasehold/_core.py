@@ -318,9 +318,19 @@ class LeaseState:
     ``threading.Event`` or an ``asyncio.Event``)."""
 
     def __init__(
-        self, key: str, lease_id: int, fence: int, clock: Clock, checkpoint: Optional[bytes], lost: Any
+        self,
+        key: str,
+        lease_id: int,
+        fence: int,
+        clock: Clock,
+        checkpoint: Optional[bytes],
+        key_count: int,
+        lost: Any,
     ) -> None:
         self.key = key
+        # The keys the lease was granted (one, or a lock set's): a renewal
+        # that counts fewer learns one was released by its token elsewhere.
+        self._key_count = key_count
         self.lease_id = lease_id
         self.fence = fence
         #: What the previous holder saved with the lock, if anything.

@@ -216,7 +216,7 @@ def renew(lease: LeaseState, several_nodes: bool) -> Steps:
         sent_at = time.monotonic()
         timeout = clock.call_timeout(several_nodes)
         try:
-            yield Call(
+            renewed = yield Call(
                 "POST",
                 f"/v1/leases/{lease.lease_id}/keepalive",
                 {},
@@ -232,6 +232,11 @@ def renew(lease: LeaseState, several_nodes: bool) -> Steps:
             continue
         if lease._released:
             # Released while the renewal was in flight: it extends nothing.
+            return
+        held = renewed.get("key_count") if isinstance(renewed, dict) else None
+        if held is not None and int(held) < lease._key_count:
+            # An older server sends no count: nothing to go by.
+            lease._lose("the lock was released by its token elsewhere while the lease lived")
             return
         clock.renewed(sent_at)
         next_at = sent_at + every

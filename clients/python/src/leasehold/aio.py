@@ -31,6 +31,7 @@ from ._core import (
     WatchEvent,
     checkpoint_of,
     outcome,
+    request_id,
     resumable,
     transport_error,
 )
@@ -48,8 +49,9 @@ class AsyncLease(LeaseState):
         fence: int,
         clock: Clock,
         checkpoint: Optional[bytes],
+        key_count: int = 1,
     ) -> None:
-        super().__init__(key, lease_id, fence, clock, checkpoint, asyncio.Event())
+        super().__init__(key, lease_id, fence, clock, checkpoint, key_count, asyncio.Event())
         self._client = client
         self._renewer = asyncio.get_running_loop().create_task(self._renew())
 
@@ -145,6 +147,10 @@ class AsyncClient:
         """The election ``name``: campaign, observe, proclaim, resign."""
         return AsyncElection(self, name)
 
+    async def release_by_fence(self, key: str, fence: int) -> None:
+        """See :meth:`leasehold.Client.release_by_fence`."""
+        await self._call("POST", "/v1/release", {"key": key, "fence": int(fence), "request_id": request_id()})
+
     async def describe(self, key: str) -> Dict[str, Any]:
         return await self._call("GET", "/v1/locks/" + urllib.parse.quote(key, safe="/"), None)
 
@@ -199,7 +205,7 @@ class AsyncClient:
         answer, clock = await self._run(
             steps.acquire(self.holder, self.timeout, key, ttl, wait, lock_delay, shared, permits, keys)
         )
-        return self._lease(key, answer, clock)
+        return self._lease(key, answer, clock, len(keys) if keys else 1)
 
     async def _run(self, operation: steps.Steps) -> Any:
         """Carries out an operation's steps (see :mod:`leasehold._steps`), as
@@ -230,8 +236,8 @@ class AsyncClient:
             except BaseException as e:  # thrown into the operation, which decides
                 throw = e
 
-    def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> AsyncLease:
-        return AsyncLease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint_of(answer))
+    def _lease(self, key: str, answer: Dict[str, Any], clock: Clock, key_count: int) -> AsyncLease:
+        return AsyncLease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint_of(answer), key_count)
 
     async def _call(
         self,

@@ -25,6 +25,7 @@ from ._core import (
     WatchEvent,
     checkpoint_of,
     outcome,
+    request_id,
     resumable,
     transport_error,
 )
@@ -51,8 +52,9 @@ class Lease(LeaseState):
         fence: int,
         clock: Clock,
         checkpoint: Optional[bytes],
+        key_count: int = 1,
     ) -> None:
-        super().__init__(key, lease_id, fence, clock, checkpoint, threading.Event())
+        super().__init__(key, lease_id, fence, clock, checkpoint, key_count, threading.Event())
         self._client = client
         self._stop = threading.Event()
         self._renewer = threading.Thread(
@@ -181,6 +183,13 @@ class Client:
         """The election ``name``: campaign, observe, proclaim, resign."""
         return Election(self, name)
 
+    def release_by_fence(self, key: str, fence: int) -> None:
+        """Releases ``key`` if token ``fence`` still holds it, whoever took
+        it (an operator's release of a stuck hold); :class:`~leasehold.StaleFence`
+        if it does not, and nothing changes. Its holder learns of it at its
+        next renewal."""
+        self._call("POST", "/v1/release", {"key": key, "fence": int(fence), "request_id": request_id()})
+
     def describe(self, key: str) -> Dict[str, Any]:
         """The lock as the server sees it: ``holders``, ``waiters``, ``permits`` ..."""
         return self._call("GET", "/v1/locks/" + urllib.parse.quote(key, safe="/"), None)
@@ -248,10 +257,10 @@ class Client:
         answer, clock = self._run(
             steps.acquire(self.holder, self.timeout, key, ttl, wait, lock_delay, shared, permits, keys)
         )
-        return self._lease(key, answer, clock)
+        return self._lease(key, answer, clock, len(keys) if keys else 1)
 
-    def _lease(self, key: str, answer: Dict[str, Any], clock: Clock) -> Lease:
-        return Lease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint_of(answer))
+    def _lease(self, key: str, answer: Dict[str, Any], clock: Clock, key_count: int) -> Lease:
+        return Lease(self, key, int(answer["lease"]), int(answer["fence"]), clock, checkpoint_of(answer), key_count)
 
     # ---- the wire ----
 

@@ -128,6 +128,7 @@ impl LockTable {
         self.state.deadlines.add_lease(lease.deadline, id);
         Ok(Response::Renewed {
             ttl_ms: lease.ttl_ms,
+            key_count: lease.held.len() as u64,
         })
     }
 

@@ -14,8 +14,11 @@ pub async fn grant(s: &LockService, r: pb::GrantRequest) -> Result<pb::GrantResp
 }
 
 pub async fn keep_alive(s: &LockService, r: pb::KeepAliveRequest) -> Result<pb::KeepAliveResponse> {
-    let ttl_ms = s.keep_alive(r.lease_id).await?;
-    Ok(pb::KeepAliveResponse { ttl_ms })
+    let (ttl_ms, key_count) = s.keep_alive(r.lease_id).await?;
+    Ok(pb::KeepAliveResponse {
+        ttl_ms,
+        key_count: Some(key_count),
+    })
 }
 
 pub async fn revoke(s: &LockService, r: pb::RevokeRequest) -> Result<pb::RevokeResponse> {

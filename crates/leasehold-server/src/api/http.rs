@@ -371,11 +371,12 @@ async fn describe_lease(Caller(s): Caller, Param(id): Param) -> Result<Json<Valu
 #[derive(Serialize)]
 struct KeepAliveReply {
     ttl_ms: u64,
+    key_count: u64,
 }
 
 async fn keep_alive(Caller(s): Caller, Param(id): Param) -> Result<Json<KeepAliveReply>> {
-    let ttl_ms = s.keep_alive(lease_id(&id)?).await?;
-    Ok(Json(KeepAliveReply { ttl_ms }))
+    let (ttl_ms, key_count) = s.keep_alive(lease_id(&id)?).await?;
+    Ok(Json(KeepAliveReply { ttl_ms, key_count }))
 }
 
 async fn revoke(Caller(s): Caller, Param(id): Param) -> Result<Json<Value>> {

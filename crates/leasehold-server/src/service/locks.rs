@@ -94,7 +94,8 @@ impl LockService {
     }
 
     /// Renews a lease to its full TTL.
-    pub async fn keep_alive(&self, lease: LeaseId) -> Result<u64, ApiError> {
+    /// Renews a lease: its TTL, and how many keys it holds.
+    pub async fn keep_alive(&self, lease: LeaseId) -> Result<(u64, u64), ApiError> {
         self.measured(
             "keep_alive",
             async move { self.propose_as(Renew(lease)).await },

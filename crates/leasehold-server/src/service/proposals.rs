@@ -42,17 +42,17 @@ impl Proposal for NewLease {
     }
 }
 
-/// A keepalive: the TTL the lease now has.
+/// A keepalive: the TTL the lease now has, and how many keys it holds.
 pub(super) struct Renew(pub LeaseId);
 
 impl Proposal for Renew {
-    type Answer = u64;
+    type Answer = (u64, u64);
     fn into_command(self) -> Command {
         Command::KeepAlive { lease: self.0 }
     }
-    fn answer(response: Response) -> Result<u64, Response> {
+    fn answer(response: Response) -> Result<(u64, u64), Response> {
         match response {
-            Response::Renewed { ttl_ms } => Ok(ttl_ms),
+            Response::Renewed { ttl_ms, key_count } => Ok((ttl_ms, key_count)),
             other => Err(other),
         }
     }

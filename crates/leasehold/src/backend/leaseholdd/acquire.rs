@@ -94,6 +94,12 @@ impl Leaseholdd {
             let e = match self.send_acquire(&request, &claim, key).await {
                 Ok((fence, checkpoint)) => {
                     let liveness = claim.session.liveness.child();
+                    let keys = if set.is_empty() {
+                        vec![key.to_string()]
+                    } else {
+                        set.to_vec()
+                    };
+                    claim.granted(keys, liveness.clone());
                     return Ok(Acquired {
                         fence: Some(fence),
                         checkpoint,
@@ -223,6 +229,7 @@ impl Hold for LeaseholddHold {
         // The session's renewal covers other locks too and goes on; the
         // release is ownership-checked by this hold's token. A lease made
         // for this lock alone ends with it.
+        self.claim.releasing();
         let request = release_request(&self.key, self.fence);
         let released =
             call_again::<pb::ReleaseResponse>(&self.endpoints, Op::Release, &request, &self.key)

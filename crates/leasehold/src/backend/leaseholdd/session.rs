@@ -2,7 +2,8 @@
 //! made for a single lock; renewed by a keeper until ended.
 
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use tokio::time::Instant;
 
 use super::retry::call_again;
 use super::Leaseholdd;
-use crate::backend::endpoints::Endpoints;
+use crate::backend::endpoints::{Endpoints, Rpc};
 use crate::keeper::{Keeper, Liveness, RenewError};
 use crate::{Error, Result};
 
@@ -22,8 +23,66 @@ pub(super) struct Session {
     pub(super) liveness: Liveness,
     /// Keys held, or being acquired, under this lease.
     keys: Mutex<HashSet<String>>,
+    /// The holds granted under this lease, each said lost should the
+    /// lease stop holding its keys while it lives.
+    holds: Arc<Holds>,
     /// Made for one lock only: revoked when that lock is released.
     pub(super) private: bool,
+}
+
+/// The holds granted under a session lease, by their first key: a renewal
+/// that finds the lease holding fewer keys than these learns that one was
+/// released by its token elsewhere, and looks up which.
+#[derive(Default)]
+struct Holds {
+    by_key: Mutex<HashMap<String, Granted>>,
+    /// A look-up is under way: a second would learn nothing more.
+    checking: AtomicBool,
+}
+
+struct Granted {
+    /// Every key of the hold (one, or a lock set's).
+    keys: Vec<String>,
+    liveness: Liveness,
+}
+
+impl Holds {
+    fn key_count(&self) -> u64 {
+        self.by_key
+            .lock()
+            .values()
+            .map(|g| g.keys.len() as u64)
+            .sum()
+    }
+
+    /// After a renewal answered that the lease holds `key_count` keys:
+    /// fewer than granted here, the lease is described (a linearizable
+    /// read, after every grant counted here) and each hold missing a key is
+    /// lost. Off the renewal's path: the keeper never waits on it.
+    fn check(self: &Arc<Self>, endpoints: &Arc<Endpoints>, lease: u64, key_count: Option<u64>) {
+        // An older server does not count: nothing to go by.
+        let Some(key_count) = key_count else { return };
+        if key_count >= self.key_count() || self.checking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (holds, endpoints) = (self.clone(), endpoints.clone());
+        tokio::spawn(async move {
+            let request = pb::DescribeLeaseRequest { lease_id: lease };
+            let call = |mut rpc: Rpc| async move { rpc.describe_lease(request).await };
+            if let Ok(info) = endpoints.grpc(call).await {
+                let held: HashSet<String> = info.keys.into_iter().collect();
+                for (key, granted) in holds.by_key.lock().iter() {
+                    if let Some(gone) = granted.keys.iter().find(|k| !held.contains(*k)) {
+                        granted.liveness.lose(format!(
+                            "{gone:?} was released by its token elsewhere while the lease \
+                             lived (the hold of {key:?} is over)"
+                        ));
+                    }
+                }
+            }
+            holds.checking.store(false, Ordering::Release);
+        });
+    }
 }
 
 /// A key claimed on a session; unclaimed when dropped.
@@ -33,6 +92,24 @@ pub(super) struct Claim {
 }
 
 impl Claim {
+    /// The acquire under this claim was granted `keys` (this claim's key
+    /// first): the hold is said lost, through `liveness`, should the lease
+    /// stop holding one of them.
+    pub(super) fn granted(&self, keys: Vec<String>, liveness: Liveness) {
+        let granted = Granted { keys, liveness };
+        self.session
+            .holds
+            .by_key
+            .lock()
+            .insert(self.key.clone(), granted);
+    }
+
+    /// The hold is being released: a renewal that counts it gone is no
+    /// news.
+    pub(super) fn releasing(&self) {
+        self.session.holds.by_key.lock().remove(&self.key);
+    }
+
     /// `None` if the session already has the key.
     pub(super) fn take(session: &Arc<Session>, key: &str) -> Option<Claim> {
         let mut keys = session.keys.lock();
@@ -45,6 +122,7 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
+        self.releasing();
         self.session.keys.lock().remove(&self.key);
     }
 }
@@ -106,8 +184,11 @@ impl Leaseholdd {
             .await?
             .lease_id;
         let endpoints = self.endpoints.clone();
-        let keeper = Keeper::spawn(ttl, sent_at, move || {
+        let holds = Arc::new(Holds::default());
+        let counted = holds.clone();
+        let renew = move || {
             let endpoints = endpoints.clone();
+            let holds = counted.clone();
             async move {
                 let renew = pb::KeepAliveRequest { lease_id: lease };
                 let route = endpoints.route();
@@ -122,7 +203,10 @@ impl Leaseholdd {
                     Duration::MAX
                 };
                 match tokio::time::timeout(attempt, call).await {
-                    Ok(Ok(_)) => Ok(()),
+                    Ok(Ok(renewed)) => {
+                        holds.check(&endpoints, lease, renewed.key_count);
+                        Ok(())
+                    }
                     Ok(Err(e)) => match e.into_error("") {
                         Error::Unavailable(m) | Error::OutcomeUnknown(m) => {
                             Err(RenewError::Transient(m))
@@ -140,12 +224,14 @@ impl Leaseholdd {
                     }
                 }
             }
-        });
+        };
+        let keeper = Keeper::spawn(ttl, sent_at, renew);
         Ok(Arc::new(Session {
             lease,
             liveness: keeper.liveness().clone(),
             keeper: Mutex::new(Some(keeper)),
             keys: Mutex::new(HashSet::new()),
+            holds,
             private,
         }))
     }
