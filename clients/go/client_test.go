@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -209,6 +210,42 @@ func TestARevokedLeaseIsLostAtOnce(t *testing.T) {
 	}
 	if _, err := l.Token(); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Token: %v", err)
+	}
+}
+
+// A hold released by its token elsewhere (`leasehold release KEY --fence
+// F`) is lost at the holder's next renewal, though its lease lives on: a
+// lone key, and one key of a lock set.
+func TestAHoldReleasedByItsTokenElsewhereIsLost(t *testing.T) {
+	n := startNode(t)
+	ctx := context.Background()
+	holder, operator := client(t, n.url(), "holder"), client(t, n.url(), "operator")
+	lone, err := holder.TryAcquire(ctx, "elsewhere/lone", LockOptions{TTL: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := holder.AcquireSet(ctx, []string{"elsewhere/a", "elsewhere/b"}, LockOptions{TTL: 600 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := operator.ReleaseByFence(ctx, "elsewhere/lone", lone.Fence()); err != nil {
+		t.Fatal(err)
+	}
+	if err := operator.ReleaseByFence(ctx, "elsewhere/b", set.Fence()); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*Lease{lone, set} {
+		select {
+		case <-l.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: not lost", l.Key())
+		}
+		if err := l.Err(); !errors.Is(err, ErrLeaseLost) || !strings.Contains(err.Error(), "released by its token elsewhere") {
+			t.Fatalf("%s: Err %v", l.Key(), err)
+		}
+	}
+	if err := lone.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("releasing it after: %v", err)
 	}
 }
 

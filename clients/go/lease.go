@@ -72,6 +72,10 @@ type Lease struct {
 	deadline time.Time
 	err      error
 	released bool
+	// granted is how many keys the lease was granted (one, or a lock
+	// set's; 0 while its acquire waits): a renewal that counts fewer
+	// learns that one was released by its token elsewhere.
+	granted uint64
 
 	done   chan struct{}
 	ctx    context.Context
@@ -160,6 +164,24 @@ func (l *Lease) renewed(sent time.Time) {
 	}
 }
 
+func (l *Lease) grantedKeys() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.granted
+}
+
+// grant records the acquire's answer: the token, and the keys held.
+func (l *Lease) grant(a acquired) {
+	l.fence = a.Fence
+	l.checkpoint = decodeCheckpoint(a.CheckpointBase64)
+	l.mu.Lock()
+	l.granted = 1
+	if len(l.keys) > 0 {
+		l.granted = uint64(len(l.keys))
+	}
+	l.mu.Unlock()
+}
+
 // newLease starts renewing lease `id` granted by a request sent at `sent`.
 func (c *Client) newLease(key string, keys []string, id uint64, ttl time.Duration, sent time.Time) *Lease {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -192,9 +214,16 @@ func (l *Lease) renew() {
 		case <-time.After(time.Until(next)):
 		}
 		sent := time.Now()
-		timeout := l.ttl / 6
-		if timeout < 200*time.Millisecond {
-			timeout = 200 * time.Millisecond
+		// A node that took the call and does not answer (cut off from its
+		// majority, say) is given up after a sixth of the TTL (at least
+		// 200 ms) when there are other nodes to try; with one node there is
+		// nowhere else, and a slow answer is still a renewal.
+		timeout := time.Until(deadline)
+		if l.c.endpoints.several() {
+			timeout = l.ttl / 6
+			if timeout < 200*time.Millisecond {
+				timeout = 200 * time.Millisecond
+			}
 		}
 		if left := time.Until(deadline); left < timeout {
 			timeout = left
@@ -207,10 +236,14 @@ func (l *Lease) renew() {
 			case <-ctx.Done():
 			}
 		}()
+		var renewed renewed
 		err := l.c.do(ctx, call{method: "POST", path: fmt.Sprintf("/v1/leases/%d/keepalive", l.id),
-			body: map[string]interface{}{}, timeout: timeout, retryFor: -1}, nil)
+			body: map[string]interface{}{}, timeout: timeout, retryFor: -1}, &renewed)
 		cancel()
 		switch {
+		case err == nil && renewed.KeyCount != nil && *renewed.KeyCount < l.grantedKeys():
+			l.lose("the lock was released by its token elsewhere while the lease lived")
+			return
 		case err == nil:
 			if l.c.plant == "deadline-from-reply" {
 				// Planted for the conformance suite: counts from the answer.
@@ -267,9 +300,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	var firstErr error
 	if l.c.plant == "release-by-name" {
 		// Planted for the conformance suite: whoever holds the key now.
-		var lock struct {
-			Holder *struct{ Fence uint64 } `json:"holder"`
-		}
+		var lock Lock
 		if l.c.do(ctx, call{method: "GET", path: "/v1/locks/" + escapeKey(l.key)}, &lock) == nil && lock.Holder != nil {
 			l.fence = lock.Holder.Fence
 		}
@@ -320,13 +351,6 @@ func escapeKey(key string) string {
 	return (&url.URL{Path: key}).EscapedPath()
 }
 
-// acquired is the server's answer to an acquire.
-type acquired struct {
-	Lease            uint64 `json:"lease"`
-	Fence            uint64 `json:"fence"`
-	CheckpointBase64 string `json:"checkpoint_base64"`
-}
-
 // TryAcquire takes key if it is free, at once: an error that is ErrHeld
 // (or ErrLockDelayed) if not, with who holds it in its details.
 func (c *Client) TryAcquire(ctx context.Context, key string, o LockOptions) (*Lease, error) {
@@ -339,6 +363,17 @@ func (c *Client) TryAcquire(ctx context.Context, key string, o LockOptions) (*Le
 // ErrWaitTimeout if the wait ends without a grant.
 func (c *Client) Acquire(ctx context.Context, key string, o LockOptions) (*Lease, error) {
 	return c.acquire(ctx, key, nil, o, true)
+}
+
+// TryAcquireSet takes every key of keys if all are free, at once, all or
+// none, with one token for the set: an error that is ErrHeld if one is
+// held.
+func (c *Client) TryAcquireSet(ctx context.Context, keys []string, o LockOptions) (*Lease, error) {
+	set := sortedSet(keys)
+	if len(set) == 0 {
+		return nil, errorf("invalid_argument", "a lock set needs at least one key")
+	}
+	return c.acquire(ctx, set[0], set, o, false)
 }
 
 // AcquireSet takes every key of keys at once, all or none, with one token
@@ -392,9 +427,7 @@ func (c *Client) acquire(ctx context.Context, key string, keys []string, o LockO
 	// A wait may outlast the TTL: the lease is granted first and renewed
 	// while it waits.
 	sent := time.Now()
-	var granted struct {
-		Lease uint64 `json:"lease"`
-	}
+	var granted granted
 	grant := map[string]interface{}{"ttl_ms": ttl.Milliseconds(), "holder": c.holder, "request_id": requestID()}
 	if err := c.do(ctx, call{method: "POST", path: "/v1/leases", body: grant, unknownAgain: true}, &granted); err != nil {
 		return nil, err
@@ -450,16 +483,14 @@ func (c *Client) acquire(ctx context.Context, key string, keys []string, o LockO
 		}
 		return nil, err
 	}
-	l.fence = a.Fence
-	l.checkpoint = decodeCheckpoint(a.CheckpointBase64)
+	l.grant(a)
 	return l, nil
 }
 
 // held is the lease an immediate acquire made.
 func (c *Client) held(key string, keys []string, a acquired, ttl time.Duration, sent time.Time) *Lease {
 	l := c.newLease(key, keys, a.Lease, ttl, sent)
-	l.fence = a.Fence
-	l.checkpoint = decodeCheckpoint(a.CheckpointBase64)
+	l.grant(a)
 	return l
 }
 

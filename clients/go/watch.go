@@ -196,16 +196,7 @@ func (w *watching) stream(ctx context.Context, base string, onOpen func() error)
 }
 
 func parseEvent(kind, payload string) (*Event, error) {
-	var raw struct {
-		Key        string `json:"key"`
-		Fence      uint64 `json:"fence"`
-		Lease      uint64 `json:"lease"`
-		Holder     string `json:"holder"`
-		Index      uint64 `json:"index"`
-		Seq        uint32 `json:"seq"`
-		AtUnixMs   uint64 `json:"at_unix_ms"`
-		DataBase64 string `json:"data_base64"`
-	}
+	var raw watchEvent
 	if err := json.Unmarshal([]byte(payload), &raw); err != nil {
 		return nil, errorf("internal", "a %s event that is not the event expected: %v", kind, err)
 	}

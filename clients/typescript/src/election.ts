@@ -9,6 +9,7 @@ import { acquire, encodeKey, Lease } from "./lease.js";
 import type { AcquireOptions } from "./lease.js";
 import { Transport } from "./transport.js";
 import { watch } from "./watch.js";
+import type { Lock } from "./wire.js";
 import type { LockEvent } from "./watch.js";
 
 /** Who leads: the value it proclaimed, its token and holder name. */
@@ -39,13 +40,8 @@ export class Leadership {
   }
 }
 
-interface LockView {
-  holder: { fence: number; holder: string } | null;
-  checkpoint_base64?: string;
-  checkpoint_fence?: number;
-}
 
-function leaderOf(view: LockView): Leader | null {
+function leaderOf(view: Lock): Leader | null {
   if (!view.holder || view.checkpoint_base64 === undefined || view.checkpoint_fence !== view.holder.fence) return null;
   return { value: Buffer.from(view.checkpoint_base64, "base64"), fence: view.holder.fence, holder: view.holder.holder };
 }
@@ -84,7 +80,7 @@ export class Election {
 
   /** Who leads now, or null. */
   async leader(): Promise<Leader | null> {
-    return leaderOf(await this.t.call<LockView>({ method: "GET", path: "/v1/locks/" + encodeKey(this.name) }));
+    return leaderOf(await this.t.call<Lock>({ method: "GET", path: "/v1/locks/" + encodeKey(this.name) }));
   }
 
   /**
@@ -102,7 +98,7 @@ export class Election {
     const pending: (Leader | null)[] = [];
     const opened = async () => {
       if (read && !stale) return;
-      const view = await this.t.call<LockView>({ method: "GET", path: "/v1/locks/" + encodeKey(this.name), signal: o.signal });
+      const view = await this.t.call<Lock>({ method: "GET", path: "/v1/locks/" + encodeKey(this.name), signal: o.signal });
       const first = !read;
       read = true;
       stale = false;

@@ -18,6 +18,7 @@ import { LockManager } from "./locks.js";
 import { Transport, requestId } from "./transport.js";
 import type { ClientOptions } from "./transport.js";
 import { watch } from "./watch.js";
+import type * as wire from "./wire.js";
 import type { LockEvent, WatchOptions } from "./watch.js";
 
 export * from "./errors.js";
@@ -29,22 +30,13 @@ export { LockManager } from "./locks.js";
 export type { HeldLock, LockRequestOptions } from "./locks.js";
 export type { ClientOptions } from "./transport.js";
 export type { LockEvent, Position, WatchOptions } from "./watch.js";
+export type { Holder, Waiter } from "./wire.js";
 
 /** The local single node of `leaseholdd` with no flags. */
 export const DEFAULT_ENDPOINT = "http://127.0.0.1:7419";
 
 /** One lock as the server describes it. */
-export interface LockInfo {
-  key: string;
-  holder: { lease: number; holder: string; fence: number; ttl_left_ms: number; mode: string } | null;
-  holders: { lease: number; holder: string; fence: number; ttl_left_ms: number; mode: string }[];
-  permits: number;
-  waiters: { lease: number; holder: string; wait_left_ms: number; mode: string }[];
-  has_checkpoint: boolean;
-  delay_left_ms: number;
-  checkpoint_base64?: string;
-  checkpoint_fence?: number;
-}
+export type LockInfo = wire.Lock;
 
 /**
  * A connection to leaseholdd: one node, or a cluster's nodes
@@ -106,7 +98,7 @@ export class Client {
     do {
       const query: Record<string, string> = { prefix, held: String(options.held === true) };
       if (startAfter !== null) query.start_after = startAfter;
-      const page: { locks: LockInfo[]; next_start_after: string | null } = await this.t.call({ method: "GET", path: "/v1/locks", query });
+      const page: { locks: wire.Lock[]; next_start_after: string | null } = await this.t.call({ method: "GET", path: "/v1/locks", query });
       yield* page.locks;
       startAfter = page.next_start_after;
     } while (startAfter !== null);

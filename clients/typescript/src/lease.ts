@@ -17,6 +17,7 @@ import {
   errorOf,
 } from "./errors.js";
 import { Transport, requestId, sleep } from "./transport.js";
+import type { Acquired, Granted, Lock, Renewed } from "./wire.js";
 
 /** How to take a lock. */
 export interface AcquireOptions {
@@ -62,6 +63,12 @@ export class Lease {
   private lostError?: LeaseholdError;
   private released = false;
   private stopRenewing = new AbortController();
+  /**
+   * How many keys the lease was granted (one, or a lock set's; 0 while its
+   * acquire waits): a renewal that counts fewer learns that one was
+   * released by its token elsewhere.
+   */
+  private grantedKeys = 0;
   private renewing: Promise<void>;
 
   /** @internal */
@@ -98,6 +105,13 @@ export class Lease {
     if (!this.lostError && Date.now() >= this.deadlineAt) this.lose("the client-side deadline passed without a renewal");
   }
 
+  /** @internal The acquire's answer: the token, and the keys now held. */
+  granted(a: Acquired): void {
+    this.fence = a.fence;
+    this.checkpoint = a.checkpoint_base64 !== undefined ? Buffer.from(a.checkpoint_base64, "base64") : undefined;
+    this.grantedKeys = this.keys ? this.keys.length : 1;
+  }
+
   /** @internal */
   lose(reason: string, code = "lease_lost"): void {
     if (this.lostError) return;
@@ -124,9 +138,15 @@ export class Lease {
       }
       if (Date.now() < next) continue;
       let sentAt = Date.now();
-      const timeout = Math.max(1, Math.min(Math.max(this.ttlMs / 6, 200), this.deadlineAt - sentAt));
+      // A node that took the call and does not answer (cut off from its
+      // majority, say) is given up after a sixth of the TTL (at least
+      // 200 ms) when there are other nodes to try; with one node there is
+      // nowhere else, and a slow answer is still a renewal.
+      const attempt = this.t.several() ? Math.max(this.ttlMs / 6, 200) : Infinity;
+      const timeout = Math.max(1, Math.min(attempt, this.deadlineAt - sentAt));
+      let renewed: Renewed;
       try {
-        await this.t.call({ method: "POST", path: `/v1/leases/${this.id}/keepalive`, body: {}, timeoutMs: timeout, retryForMs: 0, signal: stop });
+        renewed = await this.t.call({ method: "POST", path: `/v1/leases/${this.id}/keepalive`, body: {}, timeoutMs: timeout, retryForMs: 0, signal: stop });
       } catch (e) {
         if (stop.aborted) return;
         if (e instanceof LeaseExpiredError || e instanceof LeaseNotFoundError || e instanceof PermissionDeniedError || e instanceof UnauthenticatedError) {
@@ -138,6 +158,11 @@ export class Lease {
         continue;
       }
       if (this.released) return;
+      // An older server sends no count: nothing to go by.
+      if (typeof renewed?.key_count === "number" && renewed.key_count < this.grantedKeys) {
+        this.lose("the lock was released by its token elsewhere while the lease lived");
+        return;
+      }
       if (this.t.plant === "deadline-from-reply") sentAt = Date.now(); // planted: counts from the answer
       this.deadlineAt = Math.max(this.deadlineAt, sentAt + this.ttlMs - margin(this.ttlMs));
       next = sentAt + every;
@@ -177,7 +202,7 @@ export class Lease {
     if (this.t.plant === "release-by-name") {
       // Planted for the conformance suite: whoever holds the key now.
       try {
-        const lock = await this.t.call<{ holder: { fence: number } | null }>({ method: "GET", path: "/v1/locks/" + encodeKey(this.key) });
+        const lock = await this.t.call<Lock>({ method: "GET", path: "/v1/locks/" + encodeKey(this.key) });
         if (lock.holder) fence = lock.holder.fence;
       } catch {
         // As it was.
@@ -222,11 +247,6 @@ export function encodeKey(key: string): string {
   return key.split("/").map(encodeURIComponent).join("/");
 }
 
-interface Acquired {
-  lease: number;
-  fence: number;
-  checkpoint_base64?: string;
-}
 
 /** Takes a key: at once (`waitMs` 0) or waiting in its queue. */
 export async function acquire(t: Transport, key: string, o: AcquireOptions): Promise<Lease> {
@@ -253,7 +273,7 @@ export async function acquire(t: Transport, key: string, o: AcquireOptions): Pro
   }
   // A wait may outlast the TTL: the lease is granted first, and renewed while it waits.
   const sentAt = Date.now();
-  const granted = await t.call<{ lease: number }>({
+  const granted = await t.call<Granted>({
     method: "POST",
     path: "/v1/leases",
     body: { ttl_ms: ttlMs, holder: t.holder, request_id: requestId() },
@@ -275,8 +295,7 @@ export async function acquire(t: Transport, key: string, o: AcquireOptions): Pro
           signal: o.signal,
         });
         if (lease.lostReason) throw lease.lostReason;
-        lease.fence = a.fence;
-        lease.checkpoint = a.checkpoint_base64 !== undefined ? Buffer.from(a.checkpoint_base64, "base64") : undefined;
+        lease.granted(a);
         return lease;
       } catch (e) {
         // The wait's call broke (a restart, a leader change): the same
@@ -295,7 +314,6 @@ export async function acquire(t: Transport, key: string, o: AcquireOptions): Pro
 
 function held(t: Transport, key: string, keys: string[] | undefined, a: Acquired, ttlMs: number, sentAt: number): Lease {
   const lease = new Lease(t, key, keys, a.lease, ttlMs, sentAt);
-  lease.fence = a.fence;
-  lease.checkpoint = a.checkpoint_base64 !== undefined ? Buffer.from(a.checkpoint_base64, "base64") : undefined;
+  lease.granted(a);
   return lease;
 }

@@ -10,6 +10,7 @@ import type { IncomingMessage } from "node:http";
 
 import { fromBody, LeaseholdError, WatchBehindError, errorOf } from "./errors.js";
 import { Transport, sleep } from "./transport.js";
+import type { WatchEvent } from "./wire.js";
 
 /** A lock event. `index` and `seq` place it in the deployment's history, the same on every node. */
 export interface LockEvent {
@@ -131,7 +132,7 @@ async function* events(res: IncomingMessage): AsyncGenerator<LockEvent, void, un
           const k = kind;
           kind = undefined;
           data = [];
-          const body = JSON.parse(payload) as Record<string, unknown>;
+          const body = JSON.parse(payload) as WatchEvent;
           if (k === "error") throw fromBody(0, body);
           yield {
             kind: k as LockEvent["kind"],

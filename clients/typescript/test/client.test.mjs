@@ -151,6 +151,24 @@ test("a revoked lease is lost at once, inside a request's callback too, and neve
   assert.equal((await c.describe("revoked")).holder, null);
 });
 
+// `leasehold release KEY --fence F` elsewhere: the holder learns it at its
+// next renewal, though its lease lives on; a lone key, and one of a set.
+test("a hold released by its token elsewhere is lost at the next renewal", async (t) => {
+  const n = await startNode(t);
+  const holder = client(t, n.url, "holder");
+  const operator = client(t, n.url, "operator");
+  const lone = await holder.acquire("elsewhere/lone", { ttlMs: 600 });
+  const set = await holder.acquireSet(["elsewhere/a", "elsewhere/b"], { ttlMs: 600 });
+  await operator.releaseByFence("elsewhere/lone", lone.fence);
+  await operator.releaseByFence("elsewhere/b", set.fence);
+  for (const l of [lone, set]) {
+    const reason = await within(5000, `${l.key} said lost`, aborted(l.signal));
+    assert.ok(reason instanceof LeaseLostError);
+    assert.match(reason.message, /released by its token elsewhere/);
+  }
+  await assert.rejects(lone.release(), LeaseLostError);
+});
+
 test("with the server frozen, the client gives up before the server could", async (t) => {
   const n = await startNode(t);
   const c = client(t, n.url, "h");

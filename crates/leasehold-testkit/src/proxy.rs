@@ -1,6 +1,8 @@
 //! A TCP proxy that injects faults between a client and a server: a reply
-//! lost on its way back, or the connections from one source address refused
-//! (with a node per 127.0.0.N, that is one node cut off from another).
+//! lost on its way back, replies slowed, requests swallowed (a link that
+//! goes quiet without closing), or the connections from one source address
+//! refused (with a node per 127.0.0.N, that is one node cut off from
+//! another).
 //!
 //! Each accepted connection gets its own connection to the target and two
 //! threads pumping bytes, one each way. Faults act on real sockets, so the
@@ -11,7 +13,7 @@ use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +30,10 @@ struct Faults {
     blocked: Mutex<HashSet<IpAddr>>,
     /// Replies swallowed so far.
     dropped: AtomicUsize,
+    /// Milliseconds each reply is held back before it is passed on.
+    reply_delay_ms: AtomicU64,
+    /// Requests (client-to-server bytes) are swallowed, connections kept open.
+    swallow_requests: AtomicBool,
 }
 
 /// A fault proxy on a free loopback port in front of `target`; stops when dropped.
@@ -89,6 +95,22 @@ impl FaultProxy {
         self.faults.dropped.load(Ordering::SeqCst)
     }
 
+    /// Holds back every reply for `delay` before passing it on (in order):
+    /// the server acts at once, the client hears of it late.
+    pub fn delay_replies(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.faults.reply_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Swallows every request from now on (or passes them again), keeping
+    /// the connections open: the link goes quiet, as a partition looks to
+    /// the client; replies already on their way still arrive.
+    pub fn swallow_requests(&self, swallow: bool) {
+        self.faults
+            .swallow_requests
+            .store(swallow, Ordering::SeqCst);
+    }
+
     /// Closes the connections from `source` and refuses new ones from it.
     pub fn block_from(&self, source: IpAddr) {
         self.faults.blocked.lock().insert(source);
@@ -140,14 +162,21 @@ fn link(faults: &Arc<Faults>, source: IpAddr, client: TcpStream, server: TcpStre
             }
         }
     }
-    let f = faults.clone();
-    std::thread::spawn(move || pump(client, server, None));
-    std::thread::spawn(move || pump(server2, client2, Some(f)));
+    let (f1, f2) = (faults.clone(), faults.clone());
+    std::thread::spawn(move || pump(client, server, f1, Direction::Requests));
+    std::thread::spawn(move || pump(server2, client2, f2, Direction::Replies));
 }
 
-/// Copies `from` to `to` until either closes. `faults` is set on the
-/// server-to-client direction, where replies are dropped.
-fn pump(mut from: TcpStream, mut to: TcpStream, faults: Option<Arc<Faults>>) {
+#[derive(Clone, Copy, PartialEq)]
+enum Direction {
+    /// Client to server.
+    Requests,
+    /// Server to client.
+    Replies,
+}
+
+/// Copies `from` to `to` until either closes, with the faults of its direction.
+fn pump(mut from: TcpStream, mut to: TcpStream, f: Arc<Faults>, direction: Direction) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(200)));
     let mut buf = [0u8; 16 * 1024];
     loop {
@@ -164,13 +193,20 @@ fn pump(mut from: TcpStream, mut to: TcpStream, faults: Option<Arc<Faults>>) {
             }
             Err(_) => break,
         };
-        if let Some(f) = &faults {
+        if direction == Direction::Requests && f.swallow_requests.load(Ordering::SeqCst) {
+            continue;
+        }
+        if direction == Direction::Replies {
             let take = f
                 .drop_replies
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             if take.is_ok() {
                 f.dropped.fetch_add(1, Ordering::SeqCst);
                 break;
+            }
+            let delay = f.reply_delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                std::thread::sleep(Duration::from_millis(delay));
             }
         }
         if to.write_all(&buf[..n]).is_err() {

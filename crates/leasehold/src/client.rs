@@ -97,14 +97,20 @@ impl Client {
 
     /// Connects to `LEASEHOLD_ENDPOINT`, or the default local leaseholdd,
     /// with TLS files from `LEASEHOLD_CACERT`, `LEASEHOLD_CLIENT_CERT` and
-    /// `LEASEHOLD_CLIENT_KEY` ([`TlsOptions::from_env`]), and the access
-    /// token in `LEASEHOLD_TOKEN`.
+    /// `LEASEHOLD_CLIENT_KEY` ([`TlsOptions::from_env`]), the access
+    /// token in `LEASEHOLD_TOKEN`, and the holder name in `LEASEHOLD_HOLDER`
+    /// (else host/pid), as every Leasehold client reads them.
     pub async fn from_env() -> Result<Client> {
         let url =
             std::env::var("LEASEHOLD_ENDPOINT").unwrap_or_else(|_| DEFAULT_ENDPOINT.to_string());
         let mut builder = Self::builder(&url).tls(TlsOptions::from_env());
         if let Ok(token) = std::env::var("LEASEHOLD_TOKEN") {
             builder = builder.token(token);
+        }
+        if let Ok(holder) = std::env::var("LEASEHOLD_HOLDER") {
+            if !holder.is_empty() {
+                builder = builder.holder(holder);
+            }
         }
         builder.connect().await
     }

@@ -72,6 +72,8 @@ pub mod election;
 mod error;
 pub mod keeper;
 mod lease;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 mod tls;
 
 pub use backend::{Backend, Guarantee, LockEvent, LockOptions, LockStatus};

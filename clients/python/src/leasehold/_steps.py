@@ -13,6 +13,7 @@ of an acquire that was given up) runs in both clients alike.
 from __future__ import annotations
 
 import base64
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Generator, List, Optional, Protocol, Union
@@ -33,6 +34,10 @@ from ._core import (
     retryable,
     transport_error,
 )
+
+#: A rule broken on purpose for the conformance suite
+#: (``LEASEHOLD_PLANTED_BUG``; never set it otherwise).
+PLANTED = os.environ.get("LEASEHOLD_PLANTED_BUG")
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,9 @@ def call(client: Connection, c: Call) -> Steps:
         pause = next(pauses, None) if retryable(err, c.retry_codes) else None
         if pause is None:
             raise err
+        if PLANTED == "fresh-request-id" and isinstance(c.body, dict) and "request_id" in c.body:
+            # Planted for the conformance suite: the retry is a new request.
+            c.body["request_id"] = request_id()
         if not isinstance(err, errors.NotLeader):
             yield Pause(pause)
 

@@ -225,6 +225,13 @@ impl Leaseholdd {
                 }
             }
         };
+        #[cfg(feature = "planted-bugs")]
+        let keeper = if crate::planted::planted(crate::planted::ClientBug::DeadlineFromReply) {
+            Keeper::spawn_counting_from_reply(ttl, sent_at, renew)
+        } else {
+            Keeper::spawn(ttl, sent_at, renew)
+        };
+        #[cfg(not(feature = "planted-bugs"))]
         let keeper = Keeper::spawn(ttl, sent_at, renew);
         Ok(Arc::new(Session {
             lease,
