@@ -1,14 +1,18 @@
-"""`cycle` x1 from Python: take a free key, release it, one at a time.
+"""`cycle` from Python: take a free key, release it, again and again.
 
     python3 clients/python/bench/cycle.py --endpoint http://127.0.0.1:7419 --seconds 5
+    python3 clients/python/bench/cycle.py --clients 50 --json
 
-Prints cycles/s and the latency of one cycle (p50, p90, p99), comparable with
-`leasehold bench --workload cycle --clients 1`.
+Alone (x1, the blocking client) it prints cycles/s and the latency of one
+cycle (p50, p90, p99), comparable with `leasehold bench --workload cycle
+--clients 1`; with --clients N, N asyncio tasks share one AsyncClient
+(bench/clients.py reads the process's CPU time beside it).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import time
@@ -23,7 +27,11 @@ def main() -> None:
     p.add_argument("--keys", type=int, default=10_000)
     p.add_argument("--ttl", type=float, default=10.0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--clients", type=int, default=1)
     a = p.parse_args()
+    if a.clients > 1:
+        asyncio.run(concurrent(a))
+        return
     client = leasehold.Client(a.endpoint, holder="bench-py")
     # Warm the connection.
     client.try_lock("bench/py/warm", ttl=a.ttl).release()
@@ -53,6 +61,29 @@ def main() -> None:
             f"python cycle x1: {out['per_second']:.0f}/s, p50 {out['p50_us']:.0f} µs, "
             f"p90 {out['p90_us']:.0f} µs, p99 {out['p99_us']:.0f} µs"
         )
+
+
+async def concurrent(a: argparse.Namespace) -> None:
+    client = leasehold.AsyncClient(a.endpoint, holder="bench-py")
+    cycles = failures = 0
+    until = time.monotonic() + a.seconds
+
+    async def user() -> None:
+        nonlocal cycles, failures
+        while time.monotonic() < until:
+            try:
+                lease = await client.try_lock(f"bench/py/{random.randrange(a.keys)}", ttl=a.ttl)
+                await lease.release()
+                cycles += 1
+            except leasehold.LeaseholdError:
+                failures += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(user() for _ in range(a.clients)))
+    elapsed = time.monotonic() - started
+    await client.aclose()
+    out = {"client": "python", "clients": a.clients, "cycles": cycles, "failures": failures, "per_second": cycles / elapsed}
+    print(json.dumps(out) if a.json else f"python cycle x{a.clients}: {out['per_second']:.0f}/s")
 
 
 if __name__ == "__main__":

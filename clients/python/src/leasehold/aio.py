@@ -85,6 +85,10 @@ class AsyncLease(LeaseState):
         await self._client._run(steps.renew(self, len(self._client.endpoints.urls) > 1))
 
 
+#: Connections for the calls that answer at once (see AsyncClient).
+QUICK_CONNECTIONS = 8
+
+
 class AsyncClient:
     """The asyncio form of :class:`leasehold.Client`; the same arguments."""
 
@@ -101,10 +105,18 @@ class AsyncClient:
     ) -> None:
         s = Settings.of(url, holder, token, timeout, retry, verify, cert)
         self.endpoints, self.holder, self.timeout, self.retry = s.endpoints, s.holder, s.timeout, s.retry
-        self._http = httpx.AsyncClient(headers=s.headers, verify=s.verify)
+        # Calls that answer at once share a few connections: httpcore's pool
+        # scans every connection for every queued request, and at 50
+        # concurrent calls that scan was most of the client's CPU. Waits and
+        # watches, which hold a connection for long, have a pool of their
+        # own, so a renewal never queues behind them.
+        quick = httpx.Limits(max_connections=QUICK_CONNECTIONS, max_keepalive_connections=QUICK_CONNECTIONS)
+        self._http = httpx.AsyncClient(headers=s.headers, verify=s.verify, limits=quick)
+        self._long = httpx.AsyncClient(headers=s.headers, verify=s.verify)
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        await self._long.aclose()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -165,7 +177,7 @@ class AsyncClient:
         while True:
             url = self.endpoints.current() + "/v1/watch"
             try:
-                async with self._http.stream("GET", url, params=watching.params(), timeout=timeout) as r:
+                async with self._long.stream("GET", url, params=watching.params(), timeout=timeout) as r:
                     if not r.is_success:
                         await r.aread()
                         err = outcome(self.endpoints, r.status_code, False, r.json())
@@ -224,9 +236,8 @@ class AsyncClient:
                 if isinstance(step, steps.Call):
                     send = await self._run(steps.call(self, step))
                 elif isinstance(step, steps.Http):
-                    send = await self._http.request(
-                        step.method, step.url, json=step.body, params=step.params, timeout=step.timeout
-                    )
+                    http = self._long if (step.timeout or 0) > self.timeout else self._http
+                    send = await http.request(step.method, step.url, json=step.body, params=step.params, timeout=step.timeout)
                 elif isinstance(step, steps.Pause):
                     await asyncio.sleep(step.seconds)
                 elif isinstance(step, steps.StartKeeper):
