@@ -23,7 +23,6 @@ import signal
 import statistics
 import subprocess
 import tempfile
-import time
 
 import failover
 
@@ -78,17 +77,7 @@ def main():
         node = subprocess.Popen([failover.BIN, "--listen", addr, "--data-dir", os.path.join(tmp, "data")],
                                 stdout=log, stderr=log)
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    _, health = failover.call(addr, "GET", "/health", timeout=0.5)
-                    if health and health.get("leader"):
-                        break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit("leaseholdd: no leader within 20 s")
-                time.sleep(0.05)
+            failover.wait_leading(addr)
             cmds = commands("http://" + addr, a.clients, a.seconds, go_binary(tmp))
             runs = {name: [] for name in cmds}
             for r in range(a.rounds):

@@ -86,6 +86,21 @@ def call(addr, method, path, body=None, timeout=1.0):
         return e.code, json.loads(e.read() or b"null")
 
 
+def wait_leading(addr, what="leaseholdd", limit=20.0):
+    """Waits until the node at `addr` leads; exits saying so after `limit` s."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            _, health = call(addr, "GET", "/health", timeout=0.5)
+            if health and health.get("leader"):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what}: no leader within {limit:.0f} s")
+        time.sleep(0.05)
+
+
 class Cluster:
     def __init__(self, n, workdir, data_dirs=None):
         self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]

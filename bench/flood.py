@@ -33,7 +33,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from failover import call, free_port  # noqa: E402
+from failover import call, free_port, wait_leading  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "leaseholdd")
@@ -160,16 +160,7 @@ def main():
     server = subprocess.Popen([BIN, "--listen", addr, "--data-dir", os.path.join(workdir, "data"), *FLAGS],
                               stdout=log, stderr=log)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if call(addr, "GET", "/health")[1].get("leader"):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("leaseholdd did not start")
-            time.sleep(0.1)
+        wait_leading(addr)
         s, r = call(addr, "POST", "/v1/auth/enable")
         assert s == 200, r
         root = r["token"]

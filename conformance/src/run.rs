@@ -509,37 +509,26 @@ impl Ctx<'_> {
             }
         };
         match op {
-            "revoke" => {
-                let lease = field(&step, "lease")?;
-                expect_ok(
-                    "revoke",
-                    self.api("DELETE", &format!("/v1/leases/{lease}"), None)?,
-                )?;
-            }
-            "revoke_holder" => {
-                let key = text(&step, "key")?;
-                let lock = self.lock(key)?;
-                let lease = &lock["holder"]["lease"];
-                if !lease.is_u64() {
-                    return Err(format!("{key} has no holder: {lock}"));
-                }
-                expect_ok(
-                    "revoke",
-                    self.api("DELETE", &format!("/v1/leases/{lease}"), None)?,
-                )?;
-            }
-            "revoke_waiter" => {
-                let key = text(&step, "key")?;
-                let at = step["position"].as_u64().unwrap_or(0) as usize;
-                let lock = self.lock(key)?;
-                let lease = &lock["waiters"][at]["lease"];
-                if !lease.is_u64() {
-                    return Err(format!("{key} has no waiter {at}: {lock}"));
-                }
-                expect_ok(
-                    "revoke",
-                    self.api("DELETE", &format!("/v1/leases/{lease}"), None)?,
-                )?;
+            "revoke" | "revoke_holder" | "revoke_waiter" => {
+                // A lease by its id, or the one holding (or waiting at
+                // `position` in) a key's queue.
+                let lease = if op == "revoke" {
+                    field(&step, "lease")?.clone()
+                } else {
+                    let key = text(&step, "key")?;
+                    let (list, at) = match op {
+                        "revoke_holder" => ("holders", 0),
+                        _ => ("waiters", step["position"].as_u64().unwrap_or(0) as usize),
+                    };
+                    let lock = self.lock(key)?;
+                    let lease = lock[list][at]["lease"].clone();
+                    if !lease.is_u64() {
+                        return Err(format!("{key} has no {list} {at}: {lock}"));
+                    }
+                    lease
+                };
+                let path = format!("/v1/leases/{lease}");
+                expect_ok("revoke", self.api("DELETE", &path, None)?)?;
             }
             "release_by_fence" => {
                 let body = json!({"key": text(&step, "key")?, "fence": field(&step, "fence")?,
