@@ -14,7 +14,7 @@ instead (a planned restart: it hands leadership over before it exits).
 Stops exactly the processes it started.
 
     cargo build --release --bin leaseholdd --bin leasehold
-    python3 bench/failover.py [--kills 10] [--load-clients 50] [--stop kill|term] [--prober http|python|rust] [--json]
+    python3 bench/failover.py [--kills 10] [--load-clients 50] [--stop kill|term] [--prober http|python|rust|go|typescript] [--json]
 
 `bench/compare.py` runs it too, for its failover table.
 """
@@ -249,34 +249,53 @@ class Prober(threading.Thread):
         return max(b - a for a, b in zip(marks, marks[1:]))
 
 
-class RustProber:
-    """The Rust client cycling without a break (`leasehold bench --workload
-    cycle`, 5 clients, every node): its longest single cycle is its longest
-    pause."""
+class ProcessProber:
+    """A client's own `cycle` program, 5 users cycling without a break over
+    every node: the Rust client (`leasehold bench`, whose longest single
+    cycle is its longest pause), or the Go or TypeScript client's
+    (`bench/cycle` in clients/go, `bench/cycle.mjs` in clients/typescript,
+    which report the longest a user went between two cycles done)."""
 
-    def __init__(self, cluster, seconds):
+    def __init__(self, cluster, seconds, client, go_binary=None):
         endpoint = "http://" + ",".join(cluster.addrs)
-        self.proc = subprocess.Popen(
-            [CLI, "--endpoint", endpoint, "bench", "--workload", "cycle", "--clients", "5",
-             "--duration", f"{seconds}s", "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        cmd = {
+            "rust": [CLI, "--endpoint", endpoint, "bench", "--workload", "cycle", "--clients", "5",
+                     "--duration", f"{seconds}s", "--json"],
+            "go": [go_binary, "--endpoint", endpoint, "--clients", "5", "--seconds", str(seconds)],
+            "typescript": ["node", os.path.join(ROOT, "clients", "typescript", "bench", "cycle.mjs"),
+                           "--endpoint", endpoint, "--clients", "5", "--seconds", str(seconds)],
+        }[client]
+        self.client = client
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def longest_pause(self):
         out, _ = self.proc.communicate(timeout=60)
-        return json.loads(out)["latency_ms"]["max"] / 1000
+        r = json.loads(out.splitlines()[-1])
+        if self.client == "rust":
+            return r["latency_ms"]["max"] / 1000
+        return r["longest_gap_ms"] / 1000
+
+
+def go_cycle_binary(workdir):
+    """Builds the Go client's `cycle` program (standard library only)."""
+    exe = os.path.join(workdir, "cycle-go")
+    subprocess.run(["go", "build", "-o", exe, "./bench/cycle"], cwd=os.path.join(ROOT, "clients", "go"), check=True,
+                   env={**os.environ, "GOFLAGS": "-mod=mod", "GOPROXY": "off"})
+    return exe
 
 
 def run(kills=10, load_clients=50, log=print, stop="kill", prober="http"):
     """Stops the leader `kills` times (`kill -9`, or SIGTERM with stop="term")
     under a cycle load; the figures as a dict. `prober` is the client whose
     longest pause is measured: `http` (this script's, as a client of its own
-    would be written), `python` or `rust`."""
+    would be written), `python`, `rust`, `go` or `typescript`."""
     how = signal.SIGTERM if stop == "term" else signal.SIGKILL
     for b in (BIN, CLI):
         if not os.path.exists(b):
             raise SystemExit("build first: cargo build --release --bin leaseholdd --bin leasehold")
     workdir = tempfile.mkdtemp(prefix="leasehold-failover-")
     cluster = Cluster(3, workdir)
+    go_binary = go_cycle_binary(workdir) if prober == "go" else None
     load = None
     times, pauses, lost = [], [], 0
     try:
@@ -291,8 +310,8 @@ def run(kills=10, load_clients=50, log=print, stop="kill", prober="http"):
         for k in range(kills):
             holder = Holder(cluster, f"held-{k}")
             holder.start()
-            if prober == "rust":
-                probe = RustProber(cluster, 4)
+            if prober in ("rust", "go", "typescript"):
+                probe = ProcessProber(cluster, 4, prober, go_binary)
             else:
                 probe = Prober(cluster, f"probe-{k}", prober)
                 probe.start()
@@ -305,7 +324,7 @@ def run(kills=10, load_clients=50, log=print, stop="kill", prober="http"):
             time.sleep(2.5)  # past the holder's TTL: its lock must still be held
             holder.stop_flag.set()
             holder.join()
-            if prober == "rust":
+            if prober in ("rust", "go", "typescript"):
                 pause = probe.longest_pause()
             else:
                 probe.stop_flag.set()
@@ -339,9 +358,10 @@ def main():
     ap.add_argument("--load-clients", type=int, default=50, help="cycle clients during the kills (0: none)")
     ap.add_argument("--stop", choices=["kill", "term"], default="kill",
                     help="how the leader is stopped: kill -9, or SIGTERM (a planned restart)")
-    ap.add_argument("--prober", choices=["http", "python", "rust"], default="http",
+    ap.add_argument("--prober", choices=["http", "python", "rust", "go", "typescript"], default="http",
                     help="the client whose longest pause is measured: this script's own over HTTP, "
-                         "the Python client (run with target/python-venv/bin/python), or the Rust one")
+                         "the Python client (run with target/python-venv/bin/python), or the Rust, Go "
+                         "or TypeScript one (built: scripts/prepare-clients)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = run(args.kills, args.load_clients, stop=args.stop, prober=args.prober)

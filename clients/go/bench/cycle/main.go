@@ -1,7 +1,9 @@
 // Command cycle is `leasehold bench --workload cycle` from Go: each of
 // --clients goroutines takes a free key and releases it, again and again,
-// for --seconds, over one Client. Prints one JSON object: the cycles and
-// their rate; bench/clients.py reads the process's CPU time beside it.
+// for --seconds, over one Client. Prints one JSON object: the cycles, their
+// rate, and the longest a user went between two cycles done (its pause
+// through a failover, for bench/failover.py); bench/clients.py reads the
+// process's CPU time beside it.
 //
 //	go run ./bench/cycle --endpoint http://127.0.0.1:7419 --clients 50 --seconds 5
 package main
@@ -34,7 +36,7 @@ func main() {
 	defer c.Close()
 	ctx := context.Background()
 	o := leasehold.LockOptions{TTL: 30 * time.Second}
-	var cycles, failures int64
+	var cycles, failures, longestNs int64
 	until := time.Now().Add(time.Duration(*seconds * float64(time.Second)))
 	started := time.Now()
 	var wg sync.WaitGroup
@@ -43,6 +45,7 @@ func main() {
 		go func(seed int64) {
 			defer wg.Done()
 			r := rand.New(rand.NewSource(seed))
+			last := time.Now()
 			for time.Now().Before(until) {
 				l, err := c.TryAcquire(ctx, fmt.Sprintf("bench/go/%d", r.Intn(*keys)), o)
 				if err == nil {
@@ -53,6 +56,14 @@ func main() {
 					continue
 				}
 				atomic.AddInt64(&cycles, 1)
+				gap := int64(time.Since(last))
+				last = time.Now()
+				for {
+					old := atomic.LoadInt64(&longestNs)
+					if gap <= old || atomic.CompareAndSwapInt64(&longestNs, old, gap) {
+						break
+					}
+				}
 			}
 		}(int64(i))
 	}
@@ -60,6 +71,6 @@ func main() {
 	elapsed := time.Since(started).Seconds()
 	_ = json.NewEncoder(os.Stdout).Encode(map[string]interface{}{
 		"client": "go", "clients": *clients, "cycles": cycles, "failures": failures,
-		"per_second": float64(cycles) / elapsed,
+		"per_second": float64(cycles) / elapsed, "longest_gap_ms": float64(longestNs) / 1e6,
 	})
 }
