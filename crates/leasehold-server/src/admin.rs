@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 
-use leasehold_server::raft::backup::{force_new_cluster, restore, Restored};
-use leasehold_server::raft::dir_lock::{DirLock, DirLockError};
+use leasehold_server::raft::operations::backup::{force_new_cluster, restore, Restored};
+use leasehold_server::raft::storage::dir_lock::{DirLock, DirLockError};
 
 use crate::parse_peers;
 
@@ -133,7 +133,7 @@ pub fn run_admin(admin: Admin) -> std::process::ExitCode {
                     return std::process::ExitCode::FAILURE;
                 }
             };
-            let report = leasehold_server::raft::check::check_data_dir(&data_dir);
+            let report = leasehold_server::raft::storage::check::check_data_dir(&data_dir);
             println!("checking {}", data_dir.display());
             for line in &report.lines {
                 println!("  {line}");

@@ -6,7 +6,7 @@
 //!   is closed, not kept).
 //! - A connection with no call in flight (an open watch or waiting acquire
 //!   counts as one) is closed after [`Limits::idle_timeout`], on every
-//!   protocol but a peer's framed stream of appends (`raft::framed`, which
+//!   protocol but a peer's framed stream of appends (`raft::transport::framed`, which
 //!   lasts as long as its leader's replication session): after a polite
 //!   close (HTTP/2's GOAWAY) it has [`CLOSE_GRACE`] to go, so an HTTP/2
 //!   client that sent only its preface or part of a request cannot hold it
@@ -333,7 +333,7 @@ async fn idle(activity: &Activity, limit: Duration) {
 /// Serves one connection: TLS first if it opens with a handshake (and the
 /// node has TLS); inside, the framed protocol if its first byte is the
 /// preamble's, HTTP/1.1 or HTTP/2 (JSON and gRPC) otherwise. A peer's
-/// framed stream of appends (`raft::framed`) comes without TLS only. When clients
+/// framed stream of appends (`raft::transport::framed`) comes without TLS only. When clients
 /// must use TLS, a plaintext connection is closed at once.
 pub async fn serve(
     stream: TcpStream,
@@ -384,7 +384,7 @@ pub async fn serve(
             )
             .await;
         }
-        if first[0] == crate::raft::framed::HELLO[0] {
+        if first[0] == crate::raft::transport::framed::HELLO[0] {
             let serving = service.consensus().serve_framed(
                 stream,
                 peers_need_certificates,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::admission::Admission;
 use crate::auth_cache::AuthCache;
 use crate::metrics::Metrics;
-use crate::raft::cluster_id::ClusterId;
+use crate::raft::storage::cluster_id::ClusterId;
 
 /// The metrics and the auth cache of one node.
 #[derive(Default)]

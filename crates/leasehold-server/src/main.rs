@@ -14,7 +14,7 @@ use admin::{run_admin, Admin};
 use leasehold_server::admission::{Quotas, TokenQuota};
 use leasehold_server::config_file;
 use leasehold_server::conn::Limits;
-use leasehold_server::raft::dir_lock::{DirLock, DirLockError};
+use leasehold_server::raft::storage::dir_lock::{DirLock, DirLockError};
 use leasehold_server::raft::{AddressMismatch, RaftOptions};
 use leasehold_server::server::{self, ClusterConfig, Config};
 use leasehold_server::tls::{Tls, TlsFiles};

@@ -357,7 +357,7 @@ pub struct Gauges {
     pub table_time_ms: u64,
     /// Whether this node leads (its clock is armed).
     pub is_leader: bool,
-    /// Whether members' tables were found to differ (`raft::hash_check`).
+    /// Whether members' tables were found to differ (`raft::operations::hash_check`).
     pub table_hash_mismatch: bool,
     /// The current term.
     pub term: u64,

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 
 use crate::conn::{self, Gate, Limits};
 use crate::context::NodeContext;
-use crate::raft::dir_lock::DirLock;
+use crate::raft::storage::dir_lock::DirLock;
 use crate::raft::{Consensus, NodeId, NodeSpec, RaftOptions};
 use crate::service::LockService;
 use crate::tls::Tls;
@@ -51,7 +51,7 @@ pub struct ClusterConfig {
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops
-/// cleanly. Refused with [`DirLockError::InUse`](crate::raft::dir_lock::DirLockError::InUse)
+/// cleanly. Refused with [`DirLockError::InUse`](crate::raft::storage::dir_lock::DirLockError::InUse)
 /// if another process (or another server in this one) has the data dir.
 pub async fn run(
     config: Config,

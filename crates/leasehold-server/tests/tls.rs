@@ -169,7 +169,7 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
         let request: VoteRequest<leasehold_server::raft::TypeConfig> =
             VoteRequest::new(Vote::new(0, from), None);
         PeerMessage {
-            bincode: leasehold_server::raft::peer::encode(&request).unwrap(),
+            bincode: leasehold_server::raft::transport::encode(&request).unwrap(),
         }
     };
     as_two
@@ -208,7 +208,7 @@ async fn raft_calls_without_a_peer_certificate_are_refused() {
                 entries: vec![],
             };
         PeerMessage {
-            bincode: leasehold_server::raft::peer::encode(&request).unwrap(),
+            bincode: leasehold_server::raft::transport::encode(&request).unwrap(),
         }
     };
     let mut answers = as_two

@@ -82,7 +82,7 @@ pub async fn save(target: &Target, file: &Path) -> anyhow::Result<i32> {
 /// Checks a backup's version and checksums; whether it could.
 #[cfg(feature = "embedded-server")]
 fn verify(file: &Path) -> anyhow::Result<bool> {
-    leasehold_server::raft::backup::backup_status(file).map(|_| true)
+    leasehold_server::raft::operations::backup::backup_status(file).map(|_| true)
 }
 
 #[cfg(not(feature = "embedded-server"))]
@@ -93,7 +93,7 @@ fn verify(_file: &Path) -> anyhow::Result<bool> {
 /// Prints what a backup holds, checking its version and checksums.
 #[cfg(feature = "embedded-server")]
 pub fn status(file: &Path, json: bool) -> anyhow::Result<i32> {
-    let status = leasehold_server::raft::backup::backup_status(file)?;
+    let status = leasehold_server::raft::operations::backup::backup_status(file)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(0);

@@ -11,10 +11,10 @@ use openraft::raft::{
 };
 use tokio_util::codec::Decoder;
 
-use super::log_store::records::{replay_records, Tail};
-use super::peer::{decode, MembershipReply, ProbeReply};
-use super::snapshot_chunks::SnapshotChunk;
-use super::snapshot_store::{FileSnapshots, SnapshotStore};
+use super::storage::log_store::records::{replay_records, Tail};
+use super::storage::snapshot_store::{FileSnapshots, SnapshotStore};
+use super::transport::snapshot_chunks::SnapshotChunk;
+use super::transport::{decode, MembershipReply, ProbeReply};
 use super::TypeConfig;
 
 /// A peer's message of every kind a node decodes, and a framed stream of
@@ -28,7 +28,7 @@ pub fn peer_messages(data: &[u8]) {
     let _ = decode::<MembershipReply>(data);
     let _ = decode::<Result<AppendEntriesResponse<TypeConfig>, String>>(data);
     let _ = decode::<Result<VoteResponse<TypeConfig>, String>>(data);
-    let mut codec = super::framed::codec();
+    let mut codec = super::transport::framed::codec();
     let mut buffer = BytesMut::from(data);
     while let Ok(Some(frame)) = codec.decode(&mut buffer) {
         let _ = decode::<AppendEntriesRequest<TypeConfig>>(&frame);
@@ -49,7 +49,7 @@ pub fn log_segment(data: &[u8]) {
 
 /// A snapshot file (header, meta, table), and a table's encoding alone.
 pub fn snapshot_file(data: &[u8]) -> io::Result<()> {
-    let _ = super::format::decode_table(data);
+    let _ = super::storage::format::decode_table(data);
     let path = scratch_file("snapshot");
     std::fs::write(&path, data)?;
     let snapshots = FileSnapshots::at(path);
@@ -62,12 +62,12 @@ pub fn snapshot_file(data: &[u8]) -> io::Result<()> {
 /// as a start reads it); a peer message's header; a caller's cluster id.
 pub fn dir_files(data: &[u8]) -> io::Result<()> {
     let text = String::from_utf8_lossy(data);
-    let _ = super::format::parse_dir_format(&text);
-    let _ = super::cluster_id::parse(Some(&text));
-    let _ = super::format::unframe_peer_message(data);
+    let _ = super::storage::format::parse_dir_format(&text);
+    let _ = super::storage::cluster_id::parse(Some(&text));
+    let _ = super::storage::format::unframe_peer_message(data);
     let path = scratch_file("cluster");
     std::fs::write(&path, data)?;
-    let _ = super::cluster_id::read(&path);
+    let _ = super::storage::cluster_id::read(&path);
     Ok(())
 }
 

@@ -7,55 +7,32 @@
 //! code path.
 //!
 //! # Layout
+//! The node itself sits here; what it stands on is in three folders.
 //! - [`node`]: start-up from injected parts (node id, members, log store,
 //!   snapshot store, peer network, clock) and the one-time initialization of a group.
 //! - [`leadership`]: the leader's clock and following this node's role.
 //! - `batch`: proposals gathered into log entries (group commit).
-//! - [`backup`]: backups of the applied table, and restores from them.
-//! - [`hash_check`]: members' tables hashed at the same log indexes, and
-//!   compared by the leader.
-//! - [`peer`]: Raft's RPCs between nodes, both ends, over a [`Transport`]
-//!   (gRPC between processes).
-//! - [`framed`]: streams of appends between processes as length-prefixed
-//!   frames, beside gRPC on the same port.
-//! - `cluster`: membership: status, add, remove.
-//! - [`check`]: `leaseholdd check`, a data dir verified offline.
-//! - [`dir_lock`]: one process per data dir (an exclusive `flock`).
-//! - `log_store`: the log on disk, its segments indexed by entry range.
-//! - `disk`: what the log needs of a disk ([`LogDisk`]), and the real one.
-//! - [`format`]: format versions of the data dir, the table's encoding and
-//!   peer messages.
-//! - `state_machine`: the lock table as the state machine.
-//! - [`snapshot_store`]: where its snapshot is kept (a file, or memory).
-//! - `snapshot_chunks`: a snapshot sent to a peer in chunks, and put back
-//!   together there.
+//! - `state_machine`: the lock table as the state machine, and the marks
+//!   of its hash that members compare.
 //! - `runtime`: openraft's runtime (tokio), with random draws a simulation
 //!   can seed.
+//! - [`transport`]: Raft's calls between nodes, their encoding, and what
+//!   carries them (gRPC, framed streams of appends, snapshot chunks).
+//! - [`storage`]: the data dir: its log, snapshot, format, cluster id and
+//!   lock, and `leaseholdd check`.
+//! - [`operations`]: what an operator asks of a group: membership (status,
+//!   add, remove, transfer), backups and restores, and the hash check of
+//!   members' tables.
 
-mod append_stream;
-pub mod backup;
 mod batch;
-pub mod check;
-mod cluster;
-pub mod cluster_id;
-pub mod dir_lock;
-mod disk;
-pub mod format;
-pub mod framed;
 pub(crate) mod fuzzing;
-mod grpc;
-pub mod hash_check;
 pub mod leadership;
-mod log_store;
 pub mod node;
-pub mod peer;
+pub mod operations;
 mod runtime;
-mod snapshot_chunks;
-pub mod snapshot_store;
 mod state_machine;
-
-#[cfg(test)]
-mod golden_tests;
+pub mod storage;
+pub mod transport;
 
 use std::sync::Arc;
 
@@ -68,17 +45,17 @@ use openraft::{BasicNode, ServerState};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::Hub;
-pub use cluster::{AddressMismatch, ClusterStatus, MemberStatus, MembershipError};
-pub use disk::{FsDisk, FsFile, LogDisk, LogFile};
-pub use grpc::{GrpcTransport, PeerService};
 pub use leadership::{Clock, SystemClock};
-pub use log_store::LogStore;
 pub use node::{NodeSpec, RaftOptions};
-pub use peer::{AnswerStream, PeerCall, Transport, TransportError};
+pub use operations::membership::{AddressMismatch, ClusterStatus, MemberStatus, MembershipError};
 pub use runtime::seed_thread_randomness;
-pub use snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use state_machine::Shared;
 pub use state_machine::{AppliedCommand, ApplyTap, StateMachine};
+pub use storage::disk::{FsDisk, FsFile, LogDisk, LogFile};
+pub use storage::log_store::LogStore;
+pub use storage::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
+pub use transport::grpc::{GrpcTransport, PeerService};
+pub use transport::{AnswerStream, PeerCall, Transport, TransportError};
 
 /// Commands applied since the last snapshot past which a clean stop takes
 /// a snapshot first (see [`Consensus::shutdown`]).
@@ -180,13 +157,13 @@ pub struct Consensus {
     armed: Arc<tokio::sync::watch::Sender<bool>>,
     proposals: batch::Lanes,
     /// Carries this node's calls to its peers (probes; openraft holds its own handle).
-    transport: Arc<dyn peer::Transport>,
+    transport: Arc<dyn Transport>,
     /// When each peer last answered this node.
-    heard: Arc<peer::Heard>,
+    heard: Arc<transport::Heard>,
     /// The snapshot a leader is sending this node, chunk by chunk.
-    incoming: peer::IncomingSnapshot,
+    incoming: transport::snapshot_chunks::IncomingSnapshot,
     /// Set once a peer's committed membership shows this node was removed
-    /// (see `cluster::notice_removal`); it then no longer campaigns.
+    /// (see `operations::membership`'s `notice_removal`); it then no longer campaigns.
     removed: Arc<std::sync::atomic::AtomicBool>,
     id: NodeId,
 }
@@ -384,7 +361,7 @@ pub(crate) fn stale_append() -> Vec<u8> {
         entries: Vec::new(),
         leader_commit: None,
     };
-    peer::encode(&request).expect("encode")
+    transport::encode(&request).expect("encode")
 }
 
 #[cfg(test)]

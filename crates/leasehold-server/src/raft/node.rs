@@ -35,12 +35,14 @@ use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Config, SnapshotPolicy};
 
 use super::batch::MAX_BATCH;
-use super::grpc::GrpcTransport;
 use super::leadership::{system_clock, Clock};
-use super::log_store::LogStore;
-use super::peer::{Heard, PeerNetwork, Transport};
-use super::snapshot_store::FileSnapshots;
 use super::state_machine::StateMachine;
+use super::storage::log_store::LogStore;
+use super::storage::snapshot_store::FileSnapshots;
+use super::transport::grpc::GrpcTransport;
+use super::transport::peer::PeerNetwork;
+use super::transport::Heard;
+use super::transport::Transport;
 use super::{Consensus, NodeId, Raft, TypeConfig};
 use crate::context::NodeContext;
 
@@ -60,7 +62,7 @@ pub struct RaftOptions {
     pub election_timeout: (Duration, Duration),
     /// Every member hashes its table after applying each entry whose index
     /// is a multiple of this, and the leader compares the hashes (0: never;
-    /// see `raft::hash_check`).
+    /// see `raft::operations::hash_check`).
     pub hash_check_every: u64,
 }
 
@@ -167,7 +169,7 @@ impl Consensus {
         options: RaftOptions,
         tls: Option<Arc<crate::tls::Tls>>,
     ) -> anyhow::Result<Consensus> {
-        super::format::open_data_dir(dir)?;
+        super::storage::format::open_data_dir(dir)?;
         context.cluster.load(dir)?;
         let log = LogStore::open_observed(dir, context.metrics.log_fsync.clone())
             .with_context(|| format!("open raft log in {}", dir.display()))?;

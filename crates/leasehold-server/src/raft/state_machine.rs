@@ -1,6 +1,8 @@
 //! The lock table as openraft's state machine; its snapshots go to a
 //! [`SnapshotStore`].
 
+pub(in crate::raft) mod marks;
+
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,12 +16,12 @@ use openraft::{EntryPayload, OptionalSend};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
-use super::format;
-use super::hash_check::TableMarks;
-use super::snapshot_store::{Meta, SnapshotStore};
+use super::storage::format;
+use super::storage::snapshot_store::{Meta, SnapshotStore};
 use super::{Entry, LogId, Snapshot, SnapshotData, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::context::NodeContext;
 use crate::hub::Hub;
+use marks::TableMarks;
 
 /// The applied state: what a snapshot holds.
 #[derive(Default, Serialize, Deserialize)]

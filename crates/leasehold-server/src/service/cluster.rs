@@ -42,7 +42,7 @@ impl LockService {
     }
 
     /// A backup of everything applied, from the leader (admin on every key).
-    pub async fn backup(&self) -> Result<crate::raft::backup::Backup, ApiError> {
+    pub async fn backup(&self) -> Result<crate::raft::operations::backup::Backup, ApiError> {
         let who = self.admin_here().await?;
         let backup = self.consensus.backup().await?;
         audit(

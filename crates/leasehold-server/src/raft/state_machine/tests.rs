@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use leasehold_core::Stamp;
 
 use super::*;
-use crate::raft::snapshot_store::{FileSnapshots, MemorySnapshots};
+use crate::raft::storage::snapshot_store::{FileSnapshots, MemorySnapshots};
 use crate::raft::{CommittedLeaderId, Request};
 
 fn open(snapshots: Arc<dyn SnapshotStore>, snapshot_every: u64) -> StateMachine {

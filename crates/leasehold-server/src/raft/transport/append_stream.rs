@@ -39,11 +39,12 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::peer::{decode, encode, AnswerStream, Heard, PeerError, Transport, TransportError};
-use super::{LogId, NodeId, Raft, TypeConfig};
+use super::{decode, encode, AnswerStream, Transport, TransportError};
+use super::{Heard, PeerError};
+use crate::raft::{LogId, NodeId, Raft, TypeConfig};
 
 /// Appends sent to one follower and not yet answered, at most.
-pub(super) const APPENDS_IN_FLIGHT: usize = 16;
+pub(in crate::raft) const APPENDS_IN_FLIGHT: usize = 16;
 /// A stream that sends nothing yet must be open within this long (as long
 /// as a connection may take: `peer::CONNECT_TIMEOUT`).
 const OPEN_WITHIN: Duration = Duration::from_millis(500);
@@ -268,7 +269,7 @@ fn carries(
 
 /// Streams `input` to `peer` over `transport`, pipelined, and returns the
 /// answers in order.
-pub(super) fn pipelined<S>(
+pub(in crate::raft) fn pipelined<S>(
     transport: &dyn Transport,
     peer: Peer,
     input: S,
@@ -414,7 +415,7 @@ impl Drop for Closing {
 }
 
 /// The peer a stream goes to, for its errors and its "heard" mark.
-pub(super) struct Peer {
+pub(in crate::raft) struct Peer {
     pub target: NodeId,
     pub addr: String,
     pub heard: Arc<Heard>,
@@ -453,7 +454,7 @@ impl Peer {
 /// hands them to its Raft (which answers each once it is flushed), and
 /// returns the encoded answers in the same order. A request that cannot be
 /// decoded, or that `sender` refuses, ends the stream with that error.
-pub(super) fn serve_stream(
+pub(in crate::raft) fn serve_stream(
     raft: &Raft,
     requests: impl Stream<Item = Result<Vec<u8>, String>> + Send + Unpin + 'static,
     sender: impl Fn(NodeId) -> Result<(), String> + Send + Sync + 'static,
@@ -466,7 +467,7 @@ pub(super) fn serve_stream(
             .map(move |request| {
                 let rpc = request.and_then(|bytes| {
                     let rpc: AppendEntriesRequest<TypeConfig> = decode(&bytes)?;
-                    super::peer::not_from_self(me, rpc.vote.leader_id.node_id)?;
+                    super::not_from_self(me, rpc.vote.leader_id.node_id)?;
                     sender(rpc.vote.leader_id.node_id)?;
                     Ok(rpc)
                 });

@@ -10,10 +10,10 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
 
-use super::format::{read_dir_format, DATA_FORMAT};
-use super::log_store::records::{replay_records, Record, Tail};
-use super::snapshot_store::{FileSnapshots, SnapshotStore};
-use super::Vote;
+use crate::raft::storage::format::{read_dir_format, DATA_FORMAT};
+use crate::raft::storage::log_store::records::{replay_records, Record, Tail};
+use crate::raft::storage::snapshot_store::{FileSnapshots, SnapshotStore};
+use crate::raft::Vote;
 
 /// What a check found: a line per part, and the problems.
 #[derive(Debug, Default)]
@@ -59,7 +59,8 @@ pub fn check_data_dir(dir: &Path) -> CheckReport {
         )),
         Err(e) => report.problem(e.to_string()),
     }
-    match super::cluster_id::read(&dir.join(super::cluster_id::FILE)) {
+    match crate::raft::storage::cluster_id::read(&dir.join(crate::raft::storage::cluster_id::FILE))
+    {
         Ok(Some(id)) => report.line(format!("cluster: {id:016x}")),
         Ok(None) => report.line("cluster: no id (a cluster formed by 0.2.0, or none yet)".into()),
         Err(e) => report.problem(e.to_string()),

@@ -211,7 +211,7 @@ pub fn write_into(dir: &Path, id: u64) -> io::Result<()> {
 }
 
 fn write(path: &Path, id: u64) -> io::Result<()> {
-    super::disk::write_atomically(path, &[format!("cluster {id:016x}\n").as_bytes()])
+    crate::raft::storage::disk::write_atomically(path, &[format!("cluster {id:016x}\n").as_bytes()])
 }
 
 /// The id in `path`; `None` if there is no such file.

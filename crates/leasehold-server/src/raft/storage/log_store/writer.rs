@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{io_err, segment_name, Span, Spans, QUEUED_WRITES, SEGMENT_BYTES};
-use crate::raft::disk::{LogDisk, LogFile};
+use crate::raft::storage::disk::{LogDisk, LogFile};
 use crate::raft::TypeConfig;
 
 /// Records to write to the open segment.

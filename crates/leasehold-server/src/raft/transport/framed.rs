@@ -22,7 +22,7 @@
 //! of leader). The leader closes the connection when its session ends.
 //!
 //! A request and an answer are the same encoded messages the gRPC stream
-//! carries ([`super::peer::encode`]). An answer's tag is [`ANSWER`], or
+//! carries ([`super::encode`]). An answer's tag is [`ANSWER`], or
 //! [`REFUSED`] with a reason as text, after which the follower closes: a
 //! leader of another cluster, a request that is not one, or a node that
 //! needs peer certificates. HELLO's first byte (1) starts neither a TLS
@@ -60,8 +60,8 @@ use tokio::net::TcpStream;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use super::append_stream::serve_stream;
-use super::peer::{AnswerStream, TransportError, CONNECT_TIMEOUT, MAX_MESSAGE};
-use super::{Consensus, NodeId};
+use super::{AnswerStream, TransportError, CONNECT_TIMEOUT, MAX_MESSAGE};
+use crate::raft::{Consensus, NodeId};
 
 /// What a leader opens with, and what a follower that speaks this answers.
 pub const HELLO: &[u8; 8] = b"\x01LHRAF1\n";
@@ -99,7 +99,7 @@ fn keep_alive(stream: &TcpStream) -> std::io::Result<()> {
     Ok(())
 }
 
-pub(super) fn codec() -> LengthDelimitedCodec {
+pub(in crate::raft) fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .max_frame_length(MAX_MESSAGE)
         .new_codec()
@@ -176,7 +176,7 @@ impl Consensus {
 /// Peers that answered HELLO in another protocol (an earlier build), and
 /// when.
 #[derive(Default)]
-pub(super) struct Refusals(Mutex<HashMap<(NodeId, String), Instant>>);
+pub(in crate::raft) struct Refusals(Mutex<HashMap<(NodeId, String), Instant>>);
 
 impl Refusals {
     /// Whether to ask `to` at `addr` for a framed stream.
@@ -200,7 +200,10 @@ impl Refusals {
 
 /// Connects to `addr` from `source` (any local address if `None`), with
 /// `TCP_NODELAY` and keep-alive ([`KEEP_ALIVE`]).
-pub(super) async fn connect(addr: &str, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+pub(in crate::raft) async fn connect(
+    addr: &str,
+    source: Option<IpAddr>,
+) -> std::io::Result<TcpStream> {
     let connecting = async {
         let Some(source) = source else {
             return TcpStream::connect(addr).await;
@@ -225,7 +228,7 @@ pub(super) async fn connect(addr: &str, source: Option<IpAddr>) -> std::io::Resu
 }
 
 /// How opening a framed stream ended.
-pub(super) enum Opened {
+pub(in crate::raft) enum Opened {
     /// The answers, in the order of the requests.
     Open(AnswerStream),
     /// The peer answered the greeting in another protocol (an earlier
@@ -244,7 +247,7 @@ pub(super) enum Opened {
 }
 
 /// Opens a framed stream of `requests` to node `to` at `addr`.
-pub(super) async fn open(
+pub(in crate::raft) async fn open(
     to: NodeId,
     addr: &str,
     source: Option<IpAddr>,
@@ -316,7 +319,7 @@ pub(super) async fn open(
 }
 
 /// Stops a task when dropped.
-pub(super) struct AbortOnDrop(pub tokio::task::AbortHandle);
+pub(in crate::raft) struct AbortOnDrop(pub tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -331,7 +334,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::raft::peer::decode;
+    use crate::raft::transport::decode;
     use crate::raft::{leading_single_node, stale_append, TypeConfig};
 
     const WITHIN: Duration = Duration::from_secs(5);

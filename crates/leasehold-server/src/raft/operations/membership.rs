@@ -20,7 +20,7 @@ use openraft::errors::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ServerState};
 use serde::Serialize;
 
-use super::{Consensus, ConsensusError, NodeId, NodeSpec, TypeConfig};
+use crate::raft::{Consensus, ConsensusError, NodeId, NodeSpec, TypeConfig};
 
 /// How long a node being added has to answer the leader.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -161,7 +161,7 @@ impl Consensus {
     /// answer on. A single node (a group of itself) moved to another
     /// address records the new one once it leads: nobody else reaches it
     /// by the old one.
-    pub(super) fn check_own_address(&self, spec: &NodeSpec) -> anyhow::Result<()> {
+    pub(in crate::raft) fn check_own_address(&self, spec: &NodeSpec) -> anyhow::Result<()> {
         let m = self.raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
         let Some(recorded) = membership.get_node(&spec.id).map(|n| n.addr.clone()) else {
@@ -321,7 +321,7 @@ impl Consensus {
         Ok(())
     }
 
-    pub(super) fn voters(&self) -> BTreeSet<NodeId> {
+    pub(in crate::raft) fn voters(&self) -> BTreeSet<NodeId> {
         self.raft
             .metrics()
             .borrow_watched()
@@ -626,7 +626,7 @@ impl Consensus {
     /// removed (a committed membership never rolls back). It then stops
     /// campaigning, logs it once and says so in `/health`. A leader that
     /// adds it back replicates a newer membership naming it, which ends it.
-    pub(super) async fn notice_removal(self) {
+    pub(in crate::raft) async fn notice_removal(self) {
         use std::sync::atomic::Ordering;
         // Evidence of the removal: the index of the membership that left it out.
         let mut removed_at: Option<u64> = None;

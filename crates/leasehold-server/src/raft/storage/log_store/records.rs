@@ -15,8 +15,8 @@ use std::io;
 
 use serde::{Deserialize, Serialize};
 
-use super::super::disk::LogDisk;
-use super::super::{Entry, LogId};
+use crate::raft::storage::disk::LogDisk;
+use crate::raft::{Entry, LogId};
 
 /// How a record is read back. Written through [`RecordRef`], which has the
 /// same variants in the same order and so the same encoding.

@@ -85,7 +85,7 @@ pub fn read_dir_format(dir: &Path) -> io::Result<Option<DirFormat>> {
     }
 }
 
-pub(super) fn parse_dir_format(text: &str) -> Result<DirFormat, String> {
+pub(in crate::raft) fn parse_dir_format(text: &str) -> Result<DirFormat, String> {
     let mut format = None;
     let mut written_by = None;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -131,7 +131,7 @@ pub fn open_data_dir(dir: &Path) -> io::Result<()> {
     };
     if found.as_ref() != Some(&ours) || !dir.join(FORMAT_FILE).exists() {
         let text = format!("format {DATA_FORMAT}\nwritten-by {BUILD}\n");
-        super::disk::write_atomically(&dir.join(FORMAT_FILE), &[text.as_bytes()])
+        crate::raft::storage::disk::write_atomically(&dir.join(FORMAT_FILE), &[text.as_bytes()])
             .map_err(|e| io_err(format!("write {}: {e}", dir.join(FORMAT_FILE).display())))?;
     }
     Ok(())

@@ -17,12 +17,12 @@ use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, V
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
 use openraft::{EntryPayload, Membership};
 
-use super::format::{self, DATA_FORMAT, PEER_FORMAT, TABLE_FORMAT};
-use super::log_store::LogStore;
-use super::peer::{decode, encode, MembershipReply, ProbeReply};
-use super::snapshot_chunks::SnapshotChunk;
-use super::snapshot_store::{FileSnapshots, SnapshotStore, SNAPSHOT_FILE_FORMAT};
-use super::{CommittedLeaderId, Entry, LogId, Request, SnapshotMeta, StoredMembership, Vote};
+use crate::raft::storage::format::{self, DATA_FORMAT, PEER_FORMAT, TABLE_FORMAT};
+use crate::raft::storage::log_store::LogStore;
+use crate::raft::storage::snapshot_store::{FileSnapshots, SnapshotStore, SNAPSHOT_FILE_FORMAT};
+use crate::raft::transport::snapshot_chunks::SnapshotChunk;
+use crate::raft::transport::{decode, encode, MembershipReply, ProbeReply};
+use crate::raft::{CommittedLeaderId, Entry, LogId, Request, SnapshotMeta, StoredMembership, Vote};
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -44,7 +44,7 @@ fn check_golden(name: &str, made: &[u8], raise: &str) {
     assert!(
         golden == made,
         "the encoding in {name} changed ({} bytes now, {} in the file; first difference at byte \
-         {:?}): raise {raise} in raft/format.rs, read the old version on, and commit the new file",
+         {:?}): raise {raise} in raft/storage/format.rs, read the old version on, and commit the new file",
         made.len(),
         golden.len(),
         made.iter().zip(&golden).position(|(x, y)| x != y)
@@ -156,9 +156,9 @@ fn every_command() -> Vec<Command> {
     ]
 }
 
-fn members() -> Membership<u64, super::Node> {
-    let nodes: BTreeMap<u64, super::Node> = (1..=3)
-        .map(|id| (id, super::Node::new(format!("127.0.0.{id}:7419"))))
+fn members() -> Membership<u64, crate::raft::Node> {
+    let nodes: BTreeMap<u64, crate::raft::Node> = (1..=3)
+        .map(|id| (id, crate::raft::Node::new(format!("127.0.0.{id}:7419"))))
         .collect();
     Membership::new(vec![BTreeSet::from([1, 2, 3])], nodes).expect("a membership")
 }
@@ -326,7 +326,7 @@ fn peer_messages_are_written_and_read_as_every_version_wrote_them() {
     let vote = Vote::new_committed(2, 1);
     check_peer_message(
         "append",
-        &AppendEntriesRequest::<super::TypeConfig> {
+        &AppendEntriesRequest::<crate::raft::TypeConfig> {
             vote,
             prev_log_id: Some(log_id(1, 2)),
             entries: entries()[2..].to_vec(),
@@ -335,15 +335,15 @@ fn peer_messages_are_written_and_read_as_every_version_wrote_them() {
     );
     check_peer_message(
         "append-answer",
-        &AppendEntriesResponse::<super::TypeConfig>::Success,
+        &AppendEntriesResponse::<crate::raft::TypeConfig>::Success,
     );
     check_peer_message(
         "vote",
-        &VoteRequest::<super::TypeConfig>::new(Vote::new(3, 2), Some(log_id(2, 4))),
+        &VoteRequest::<crate::raft::TypeConfig>::new(Vote::new(3, 2), Some(log_id(2, 4))),
     );
     check_peer_message(
         "vote-answer",
-        &VoteResponse::<super::TypeConfig>::new(Vote::new(3, 2), Some(log_id(2, 4)), true),
+        &VoteResponse::<crate::raft::TypeConfig>::new(Vote::new(3, 2), Some(log_id(2, 4)), true),
     );
     check_peer_message(
         "snapshot-chunk",

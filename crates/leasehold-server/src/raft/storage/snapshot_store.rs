@@ -12,12 +12,12 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::disk::write_atomically;
-use super::format;
+use crate::raft::storage::disk::write_atomically;
+use crate::raft::storage::format;
 use leasehold_core::LockTable;
 
 /// A snapshot's meta (the last log id and membership it covers).
-pub type Meta = super::SnapshotMeta;
+pub type Meta = crate::raft::SnapshotMeta;
 
 /// Keeps the state machine's last snapshot: the meta and the table's
 /// encoding ([`format::encode_table`]: versioned and checksummed).

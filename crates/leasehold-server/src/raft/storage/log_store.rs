@@ -54,8 +54,8 @@ use openraft::OptionalSend;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
 
-use super::disk::{FsDisk, LogDisk, LogFile};
-use super::{Entry, LogId, TypeConfig, Vote};
+use crate::raft::storage::disk::{FsDisk, LogDisk, LogFile};
+use crate::raft::{Entry, LogId, TypeConfig, Vote};
 use records::{encode, replay_segment, segment_name, segment_numbers, Record, RecordRef, Tail};
 use writer::{write_jobs, Done, Job, Records, Writer};
 

@@ -17,88 +17,17 @@
 //! default of every 100,000 entries that is a small share of the
 //! snapshots' own cost.
 
-use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-
-use leasehold_core::LockTable;
 use openraft::async_runtime::WatchReceiver;
 use openraft::ServerState;
 
-use super::peer::{decode, PeerCall};
-use super::{Consensus, NodeId};
+use crate::raft::state_machine::marks::Mark;
+use crate::raft::transport::{decode, PeerCall};
+use crate::raft::{Consensus, NodeId};
 
 /// How often the leader compares marks.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
-
-/// A member's table hash at a log index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Mark {
-    /// The index of the entry after which the table was hashed.
-    pub index: u64,
-    /// The CRC-32 of the table's encoding.
-    pub hash: u32,
-}
-
-/// A node's latest mark, when to take the next, and the alarm.
-#[derive(Debug, Default)]
-pub struct TableMarks {
-    every: AtomicU64,
-    latest: Mutex<Option<Mark>>,
-    alarm: Mutex<Option<String>>,
-}
-
-impl TableMarks {
-    /// Marks every `every` entries (0: never).
-    pub fn set_every(&self, every: u64) {
-        self.every.store(every, Ordering::Relaxed);
-    }
-
-    /// Whether the table is hashed after applying entry `index`.
-    pub fn due(&self, index: u64) -> bool {
-        let every = self.every.load(Ordering::Relaxed);
-        every > 0 && index > 0 && index.is_multiple_of(every)
-    }
-
-    /// Records the table as of entry `index`.
-    pub fn record(&self, index: u64, table: &LockTable) {
-        match table_hash(table) {
-            Ok(hash) => *self.latest.lock() = Some(Mark { index, hash }),
-            Err(e) => tracing::warn!(index, error = %e, "cannot hash the table"),
-        }
-    }
-
-    /// The latest mark.
-    pub fn latest(&self) -> Option<Mark> {
-        *self.latest.lock()
-    }
-
-    /// The alarm, once members were found to differ.
-    pub fn alarm(&self) -> Option<String> {
-        self.alarm.lock().clone()
-    }
-}
-
-/// A CRC-32 of the table's encoding, written through the hasher without
-/// holding the bytes.
-fn table_hash(table: &LockTable) -> io::Result<u32> {
-    struct Crc(crc32fast::Hasher);
-    impl io::Write for Crc {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.update(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut crc = Crc(crc32fast::Hasher::new());
-    bincode::serialize_into(&mut crc, table).map_err(|e| io::Error::other(e.to_string()))?;
-    Ok(crc.0.finalize())
-}
 
 impl Consensus {
     /// The alarm raised when members' tables were found to differ.
@@ -108,7 +37,7 @@ impl Consensus {
 
     /// On the leader: asks each member for its mark and compares those at
     /// the leader's own index. Returns the members that differ.
-    pub(super) async fn compare_marks(&self) -> Vec<NodeId> {
+    pub(in crate::raft) async fn compare_marks(&self) -> Vec<NodeId> {
         let Some(ours) = self.shared.marks.latest() else {
             return Vec::new();
         };
@@ -140,20 +69,20 @@ impl Consensus {
                 self.id, ours.index
             );
             tracing::error!(members = ?differ, index = ours.index, "{alarm}");
-            *self.shared.marks.alarm.lock() = Some(alarm);
+            self.shared.marks.raise_alarm(alarm);
         }
         differ
     }
 
     /// Compares the members' marks every few seconds while this node leads,
     /// until it stops.
-    pub(super) fn check_tables_periodically(&self) {
+    pub(in crate::raft) fn check_tables_periodically(&self) {
         let consensus = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(CHECK_EVERY);
             loop {
                 tick.tick().await;
-                if consensus.shared.marks.every.load(Ordering::Relaxed) == 0 {
+                if !consensus.shared.marks.enabled() {
                     continue;
                 }
                 if consensus.raft.metrics().borrow_watched().state == ServerState::Shutdown {

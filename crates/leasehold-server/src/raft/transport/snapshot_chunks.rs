@@ -8,12 +8,12 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::{Snapshot, SnapshotMeta, Vote};
+use crate::raft::{Snapshot, SnapshotMeta, Vote};
 
 /// One piece of a snapshot on its way to a peer. The pieces of one snapshot
 /// go in order; the last (`done`) installs it.
 #[derive(Serialize, Deserialize)]
-pub(super) struct SnapshotChunk {
+pub(in crate::raft) struct SnapshotChunk {
     /// The sending leader's vote.
     pub vote: Vote,
     /// What the whole snapshot covers.
@@ -28,7 +28,7 @@ pub(super) struct SnapshotChunk {
 
 /// A snapshot being received: from which leader, of what, and the bytes so
 /// far.
-pub(super) struct Incoming {
+pub(in crate::raft) struct Incoming {
     vote: Vote,
     meta: SnapshotMeta,
     sending: u64,
@@ -37,10 +37,10 @@ pub(super) struct Incoming {
 
 /// The snapshot a node is receiving, if any (one at a time: a new one from
 /// offset 0 replaces it).
-pub(super) type IncomingSnapshot = Arc<Mutex<Option<Incoming>>>;
+pub(in crate::raft) type IncomingSnapshot = Arc<Mutex<Option<Incoming>>>;
 
 /// Takes one chunk: `Ok(Some(snapshot))` once the last one has come.
-pub(super) fn receive_chunk(
+pub(in crate::raft) fn receive_chunk(
     incoming: &IncomingSnapshot,
     chunk: SnapshotChunk,
 ) -> Result<Option<(Vote, Snapshot)>, String> {
@@ -92,7 +92,7 @@ pub(super) fn receive_chunk(
     };
     // Checked before Raft takes it, so a snapshot damaged on the way is
     // sent again instead of failing this node's Raft as it installs.
-    super::format::check_table(&done.bytes).map_err(|e| {
+    crate::raft::storage::format::check_table(&done.bytes).map_err(|e| {
         format!("the snapshot received is refused ({e}); the leader sends it again from the start")
     })?;
     Ok(Some((
@@ -107,7 +107,7 @@ pub(super) fn receive_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::format::{encode_table, TABLE_HEADER};
+    use crate::raft::storage::format::{encode_table, TABLE_HEADER};
     use leasehold_core::LockTable;
 
     fn chunk(data: Vec<u8>, offset: u64, done: bool) -> SnapshotChunk {

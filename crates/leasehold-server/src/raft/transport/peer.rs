@@ -1,24 +1,8 @@
-//! Raft between nodes: the calls, encoded once, and the [`Transport`] that
-//! carries them: the `leasehold.raft.v1.RaftPeer` gRPC service
-//! (`proto/raft.proto`) on each node's one port between processes
-//! ([`super::grpc`]), or a simulated network inside one process.
-//!
-//! Each call carries one openraft request or response, bincode-encoded
-//! (every node of a cluster runs the same build). Appends go as a stream,
-//! several in flight ([`super::append_stream`]); between processes without
-//! peer certificates, as frames on a connection of their own
-//! ([`super::framed`]). Snapshots go in chunks of
-//! at most 3 MiB (openraft's `snapshot_max_chunk_size`), so a snapshot of a
-//! million held locks crosses as a few dozen calls. A call is cut off at the
-//! soft deadline openraft gives it; a peer that cannot be connected to is
-//! reported unreachable, and openraft backs off from it (100, 200, 400 ms,
-//! then every 500 ms). A node that listens on a specific address makes its
-//! connections to peers from that address too, so a peer (or a
-//! fault-injecting proxy in front of it) can tell the nodes apart by their
-//! source address.
+//! Both ends of Raft's calls between nodes: openraft's network, which
+//! sends each call over a [`Transport`] and decodes its answer (a stream of
+//! appends where the transport has one), and the dispatch of a call that
+//! arrives to the local Raft node.
 
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,145 +21,25 @@ use openraft::raft::{
 use openraft::OptionalSend;
 use prometheus_client::metrics::counter::Counter;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::append_stream::{pipelined, serve_stream, Peer};
-use super::format;
-use super::hash_check::TableMarks;
-pub(super) use super::snapshot_chunks::IncomingSnapshot;
-use super::snapshot_chunks::{receive_chunk, SnapshotChunk};
-use super::{Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
+use super::snapshot_chunks::{receive_chunk, IncomingSnapshot, SnapshotChunk};
+use super::{
+    decode, encode, not_from_self, Heard, MembershipReply, PeerCall, PeerError, ProbeReply,
+    Transport, TransportError,
+};
+use crate::raft::state_machine::marks::TableMarks;
+use crate::raft::{Consensus, Node, NodeId, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
 
-/// The largest message between peers: an append of 64 entries of up to
-/// 1,024 commands each, or one 3 MiB snapshot chunk, fits with room.
-pub(super) const MAX_MESSAGE: usize = 64 * 1024 * 1024;
-/// Time to connect to a peer.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a probe waits for its answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-fn codec() -> impl bincode::Options {
-    use bincode::Options;
-    bincode::DefaultOptions::new()
-        .with_fixint_encoding()
-        .with_limit(MAX_MESSAGE as u64)
-}
-
-/// A message for a peer: [`format::peer_header`], then bincode.
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
-    use bincode::Options;
-    let mut out = format::peer_header().to_vec();
-    codec()
-        .serialize_into(&mut out, value)
-        .map_err(|e| format!("encode: {e}"))?;
-    Ok(out)
-}
-
-/// A message from a peer, refused if its format is not this build's.
-pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
-    use bincode::Options;
-    codec()
-        .deserialize(format::unframe_peer_message(bytes)?)
-        .map_err(|e| format!("not a raft message: {e}"))
-}
-
-/// A call from one node to another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PeerCall {
-    /// Raft's append-entries (and heartbeat).
-    Append,
-    /// Raft's request for a vote.
-    Vote,
-    /// Whether the peer would vote for this node, asked before campaigning.
-    PreVote,
-    /// One chunk of a snapshot ([`SnapshotChunk`]).
-    Snapshot,
-    /// The leader hands leadership to the peer.
-    TransferLeader,
-    /// What a node says of itself ([`ProbeReply`]), asked while forming a
-    /// group and before a membership change.
-    Probe,
-    /// A node's latest membership ([`MembershipReply`]).
-    Membership,
-    /// A node's latest table hash (`hash_check::Mark`).
-    TableMark,
-}
-
-/// How a call to a peer failed before an answer came back.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum TransportError {
-    /// The peer could not be reached; the call was not delivered.
-    #[error("unreachable: {0}")]
-    Unreachable(String),
-    /// Delivered or not, no answer came back.
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// Carries encoded calls to peers. Between processes this is gRPC
-/// ([`GrpcTransport`]); a simulation carries them over its own network.
-pub trait Transport: Send + Sync + 'static {
-    /// Sends `payload` as `call` to node `to` at `addr` and returns its
-    /// answer, encoded. The caller bounds how long it waits.
-    fn call(
-        &self,
-        to: NodeId,
-        addr: &str,
-        call: PeerCall,
-        payload: Vec<u8>,
-    ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>>;
-
-    /// Whether [`Transport::append_stream`] works; without it appends go
-    /// one call at a time.
-    fn streams_appends(&self) -> bool {
-        false
-    }
-
-    /// Opens a stream of appends to node `to` at `addr`: each of `requests`
-    /// is delivered in order, and the answers come back in the same order.
-    fn append_stream(
-        &self,
-        _to: NodeId,
-        _addr: &str,
-        _requests: futures::stream::BoxStream<'static, Vec<u8>>,
-    ) -> BoxFuture<'static, Result<AnswerStream, TransportError>> {
-        Box::pin(std::future::ready(Err(TransportError::Failed(
-            "this transport carries no streams".into(),
-        ))))
-    }
-}
 
 /// What openraft takes back from a stream of appends.
 type AppendAnswers<'s> = openraft::base::BoxStream<
     's,
     Result<openraft::raft::StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>,
 >;
-
-/// The answers of a stream of appends, in the order of the requests.
-pub type AnswerStream = futures::stream::BoxStream<'static, Result<Vec<u8>, TransportError>>;
-
-/// What a node says of itself to a peer forming a group.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ProbeReply {
-    /// Whether it belongs to a group: it holds a log entry or a snapshot
-    /// (a vote alone does not count).
-    pub initialized: bool,
-    /// Its current term.
-    pub term: u64,
-    /// The leader it knows of.
-    pub leader: Option<NodeId>,
-}
-
-/// A node's latest membership, as it answers a peer that asks.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MembershipReply {
-    /// The log index of the entry that made it (`None`: never one).
-    pub index: Option<u64>,
-    /// Whether that entry is committed (applied here).
-    pub committed: bool,
-    /// Its voters and learners.
-    pub members: Vec<NodeId>,
-}
 
 impl Consensus {
     /// Answers a call from a peer: the encoded answer, or why the call
@@ -196,7 +60,7 @@ impl Consensus {
     }
 
     /// Asks node `id` at `addr` about itself; `None` if it does not answer soon.
-    pub(super) async fn probe(&self, id: NodeId, addr: &str) -> Option<ProbeReply> {
+    pub(in crate::raft) async fn probe(&self, id: NodeId, addr: &str) -> Option<ProbeReply> {
         let call = self.transport.call(id, addr, PeerCall::Probe, Vec::new());
         let reply = tokio::time::timeout(PROBE_TIMEOUT, call).await.ok()?.ok()?;
         decode(&reply).ok()
@@ -204,7 +68,11 @@ impl Consensus {
 
     /// Asks node `id` at `addr` for its latest membership; `None` if it does
     /// not answer soon (or is of a build that does not know the call).
-    pub(super) async fn membership_of(&self, id: NodeId, addr: &str) -> Option<MembershipReply> {
+    pub(in crate::raft) async fn membership_of(
+        &self,
+        id: NodeId,
+        addr: &str,
+    ) -> Option<MembershipReply> {
         let call = self
             .transport
             .call(id, addr, PeerCall::Membership, Vec::new());
@@ -213,22 +81,9 @@ impl Consensus {
     }
 }
 
-/// Refuses a call that says it comes from this node itself: the cluster
-/// lists this node's address under another id too (added twice), so it is
-/// calling itself, and openraft would take its own append as another
-/// leader's (it asserts against that, and the node would stop).
-pub(super) fn not_from_self(me: NodeId, from: NodeId) -> Result<(), String> {
-    if from == me {
-        return Err(format!(
-            "a raft call from node {me} to itself: the cluster lists this node's address under another id too; remove that member"
-        ));
-    }
-    Ok(())
-}
-
 /// Serves one call; `sender` checks that the node the call says it comes
 /// from (the leader or candidate in its vote) may send it.
-pub(super) async fn serve(
+pub(in crate::raft) async fn serve(
     raft: &Raft,
     incoming: &IncomingSnapshot,
     marks: &TableMarks,
@@ -310,40 +165,10 @@ pub(super) async fn serve(
     }
 }
 
-/// When each peer last answered one of this node's Raft calls: on the
-/// leader, which members it hears from (a heartbeat goes every
-/// `--heartbeat`, so a member heard from long ago is cut off or down).
-pub(super) struct Heard {
-    /// A member unheard for longer than this is reported unreachable.
-    pub within: Duration,
-    last: Mutex<HashMap<NodeId, tokio::time::Instant>>,
-}
-
-impl Heard {
-    /// Reports a member unheard for longer than `within` as unreachable.
-    pub fn new(within: Duration) -> Heard {
-        Heard {
-            within,
-            last: Mutex::default(),
-        }
-    }
-
-    pub(super) fn answered(&self, peer: NodeId) {
-        let now = tokio::time::Instant::now();
-        self.last.lock().insert(peer, now);
-    }
-
-    /// How long ago `peer` last answered; `None` if it never has.
-    pub fn since(&self, peer: NodeId) -> Option<Duration> {
-        let last = *self.last.lock().get(&peer)?;
-        Some(last.elapsed())
-    }
-}
-
 /// openraft's view of the peers: one [`PeerClient`] per peer, made as it
 /// needs them, all over one transport.
 #[derive(Clone)]
-pub(super) struct PeerNetwork {
+pub(in crate::raft) struct PeerNetwork {
     pub transport: Arc<dyn Transport>,
     /// Counts the snapshot chunks sent (a metric).
     pub snapshot_chunks: Counter,
@@ -369,7 +194,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 }
 
 /// Calls one peer.
-pub(super) struct PeerClient {
+pub(in crate::raft) struct PeerClient {
     target: NodeId,
     addr: String,
     transport: Arc<dyn Transport>,
@@ -377,14 +202,6 @@ pub(super) struct PeerClient {
     /// Snapshots this node started sending, to tell the sendings apart.
     snapshots_sent: Arc<std::sync::atomic::AtomicU64>,
     heard: Arc<Heard>,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("peer {target} at {addr}: {message}")]
-pub(super) struct PeerError {
-    pub target: NodeId,
-    pub addr: String,
-    pub message: String,
 }
 
 impl PeerClient {

@@ -21,12 +21,12 @@ use anyhow::Context;
 use openraft::storage::RaftLogStorage;
 use openraft::Membership;
 
-use super::dir_lock::{DirLock, LOCK_FILE};
-use super::format::{self, encode_table};
-use super::log_store::records::read_log;
-use super::log_store::LogStore;
-use super::snapshot_store::{file_head, FileSnapshots, SnapshotStore};
-use super::{Consensus, ConsensusError, Node, NodeId, SnapshotMeta, StoredMembership, Vote};
+use crate::raft::storage::dir_lock::{DirLock, LOCK_FILE};
+use crate::raft::storage::format::{self, encode_table};
+use crate::raft::storage::log_store::records::read_log;
+use crate::raft::storage::log_store::LogStore;
+use crate::raft::storage::snapshot_store::{file_head, FileSnapshots, SnapshotStore};
+use crate::raft::{Consensus, ConsensusError, Node, NodeId, SnapshotMeta, StoredMembership, Vote};
 
 /// A backup, encoded whole.
 pub struct Backup {
@@ -249,7 +249,7 @@ async fn build_member(
     dir: &Path,
     id: NodeId,
     members: &BTreeMap<NodeId, String>,
-    last: super::LogId,
+    last: crate::raft::LogId,
     mut table: leasehold_core::LockTable,
     fence_floor: u64,
     cluster: Option<u64>,
@@ -281,7 +281,7 @@ async fn build_member(
     log.save_vote(&Vote::new(last.leader_id.term, id)).await?;
     log.purge(last).await?;
     // Last: an id with no data beside it binds nothing (see `cluster_id`).
-    super::cluster_id::write_into(dir, cluster)
+    crate::raft::storage::cluster_id::write_into(dir, cluster)
         .with_context(|| format!("write the cluster id into {}", dir.display()))?;
     Ok(Restored {
         index: last.index,

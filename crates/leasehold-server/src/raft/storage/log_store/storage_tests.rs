@@ -8,8 +8,8 @@ use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::{EntryPayload, StorageError};
 
 use super::LogStore;
-use crate::raft::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use crate::raft::state_machine::StateMachine;
+use crate::raft::storage::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 use crate::raft::{CommittedLeaderId, Entry, LogId, TypeConfig};
 
 /// The log on disk, with the snapshot in a file or in memory.
@@ -336,7 +336,7 @@ async fn after_a_failed_write_the_log_takes_no_more() {
     let read_only = std::fs::File::open(only_segment(dir.path())).unwrap();
     let good = std::mem::replace(
         &mut log.writer.lock().await.file,
-        crate::raft::disk::FsFile(Arc::new(read_only)),
+        crate::raft::storage::disk::FsFile(Arc::new(read_only)),
     );
     assert!(log.blocking_append(vec![blank(2)]).await.is_err());
     log.writer.lock().await.file = good;

@@ -28,13 +28,12 @@ use crate::metrics::TransportLabel;
 use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
 
 use super::append_stream::serve_stream;
-use super::cluster_id::{self, ClusterId};
 use super::framed::{self, AbortOnDrop, Opened, Refusals};
-use super::peer::{
-    serve, AnswerStream, IncomingSnapshot, PeerCall, Transport, TransportError, CONNECT_TIMEOUT,
-    MAX_MESSAGE,
-};
-use super::{Consensus, NodeId, Raft};
+use super::peer::serve;
+use super::snapshot_chunks::IncomingSnapshot;
+use super::{AnswerStream, PeerCall, Transport, TransportError, CONNECT_TIMEOUT, MAX_MESSAGE};
+use crate::raft::storage::cluster_id::{self, ClusterId};
+use crate::raft::{Consensus, NodeId, Raft};
 
 impl Consensus {
     /// The gRPC peer service to serve beside the client API; with
@@ -57,7 +56,7 @@ impl Consensus {
 pub struct PeerService {
     raft: Raft,
     incoming: IncomingSnapshot,
-    marks: std::sync::Arc<super::hash_check::TableMarks>,
+    marks: std::sync::Arc<crate::raft::state_machine::marks::TableMarks>,
     cluster: Arc<ClusterId>,
     require_certificates: bool,
 }
@@ -77,7 +76,7 @@ impl PeerService {
     }
 
     /// Whether the caller belongs to this node's cluster (see
-    /// [`super::cluster_id`]).
+    /// [`crate::raft::storage::cluster_id`]).
     #[allow(clippy::result_large_err)]
     fn same_cluster<T>(&self, request: &Request<T>, from_leader: bool) -> Result<(), Status> {
         let theirs = request
@@ -574,7 +573,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-    use crate::raft::peer::decode;
+    use crate::raft::transport::decode;
     use crate::raft::{leading_single_node, stale_append, TypeConfig};
 
     const WITHIN: Duration = Duration::from_secs(5);
