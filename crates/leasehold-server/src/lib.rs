@@ -16,7 +16,7 @@
 //! - `metrics`: Prometheus metrics.
 //! - [`expiry`]: the leader's driver that proposes ticks when something is due.
 //! - `api`: gRPC (tonic) and HTTP/JSON (axum) on one port, errors mapped in one place.
-//! - [`conn`]: one client connection: protocol sniffing, timeouts, the cap.
+//! - [`net`]: one client connection: protocol sniffing, timeouts, the cap.
 //! - [`server`]: wiring, for the binary and for tests.
 //! - [`allocator`]: when freed memory goes back to the operating system.
 
@@ -25,13 +25,13 @@ pub mod allocator;
 mod api;
 mod auth_cache;
 pub mod config_file;
-pub mod conn;
 pub mod context;
 pub mod expiry;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hub;
 mod metrics;
+pub mod net;
 pub mod raft;
 pub mod server;
 pub mod service;

@@ -13,7 +13,7 @@ mod admin;
 use admin::{run_admin, Admin};
 use leasehold_server::admission::{Quotas, TokenQuota};
 use leasehold_server::config_file;
-use leasehold_server::conn::Limits;
+use leasehold_server::net::Limits;
 use leasehold_server::raft::storage::dir_lock::{DirLock, DirLockError};
 use leasehold_server::raft::{AddressMismatch, RaftOptions};
 use leasehold_server::server::{self, ClusterConfig, Config};
@@ -347,7 +347,7 @@ fn main() -> std::process::ExitCode {
         print!("{}", effective_config(&args));
         return std::process::ExitCode::SUCCESS;
     }
-    let fd_limit = leasehold_server::conn::raise_fd_limit();
+    let fd_limit = leasehold_server::net::raise_fd_limit();
     let (listen, config) = match settings(args, fd_limit) {
         Ok(s) => s,
         Err(e) => return fail(EXIT_CONFIG, e),

@@ -11,8 +11,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::conn::{self, Gate, Limits};
 use crate::context::NodeContext;
+use crate::net::{self, Gate, Limits};
 use crate::raft::storage::dir_lock::DirLock;
 use crate::raft::{Consensus, NodeId, NodeSpec, RaftOptions};
 use crate::service::LockService;
@@ -181,7 +181,7 @@ pub async fn run_locked(
                 Ok((stream, _)) => {
                     // At the cap the stream is dropped here: closed at once.
                     if let Some(admitted) = gate.admit(&service) {
-                        connections.spawn(conn::serve(
+                        connections.spawn(net::serve(
                             stream,
                             app.clone(),
                             service.clone(),
