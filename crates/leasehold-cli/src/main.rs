@@ -168,10 +168,10 @@ enum Command {
         /// Concurrent clients, each with its own connection.
         #[arg(long, default_value_t = 50)]
         clients: usize,
-        /// How long to run (cycle, contended, renew, keep).
+        /// How long to run (cycle, contended, renew, sessions, keep).
         #[arg(long, default_value = "10s", value_parser = duration)]
         duration: Duration,
-        /// Distinct keys (cycle), leases (renew) or locks to hold (hold, keep).
+        /// Distinct keys (cycle), leases (renew), sessions (sessions) or locks to hold (hold, keep).
         #[arg(long, default_value_t = 100_000)]
         keys: u64,
         /// Lease TTL.

@@ -688,6 +688,47 @@ fn bench_keep_holds_every_lock_through_renewals_on_any_backend() {
     }
 }
 
+/// `sessions`: every session, granted with its lock, is renewed on its
+/// schedule (every TTL/3), and none is lost on a healthy node.
+#[test]
+fn bench_sessions_renews_every_session_on_schedule() {
+    let server = Leaseholdd::start();
+    let pid = server.process.pid().expect("server pid").to_string();
+    // TTL 1.5 s: each of the 300 sessions is due every 0.5 s, so a 2 s
+    // window holds about four renewals of each.
+    let r = bench_json(
+        &server.url(),
+        &[
+            "--workload",
+            "sessions",
+            "--keys",
+            "300",
+            "--ttl",
+            "1500ms",
+            "--duration",
+            "2s",
+            "--server-pid",
+            &pid,
+        ],
+    );
+    assert_eq!(r["sessions"], 300, "{r}");
+    assert_eq!(r["sessions_lost"], 0, "{r}");
+    assert_eq!(r["renewals_not_sent"], 0, "{r}");
+    assert!(
+        r["ops"].as_u64().unwrap_or(0) >= 600,
+        "every session renews: {r}"
+    );
+    let (due, done) = (
+        r["renewals_due_per_sec"].as_f64().unwrap_or(0.0),
+        r["renewals_done_per_sec"].as_f64().unwrap_or(0.0),
+    );
+    assert!(
+        due >= 450.0 && done >= due * 0.8,
+        "renewals keep to the schedule: {r}"
+    );
+    assert_eq!(r["errors"], serde_json::json!({}), "{r}");
+}
+
 /// `kill -9` of `leasehold run`: the command dies with it instead of
 /// running on, unsupervised, holding nothing.
 #[test]

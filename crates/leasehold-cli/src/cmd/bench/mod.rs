@@ -10,6 +10,11 @@
 //!   releaser (which a store whose waiters poll would mostly let it do).
 //! - `renew`: leaseholdd only: gRPC keepalives in a closed loop on many leases;
 //!   renewals/s, and server CPU per renewal with `--server-pid`.
+//! - `sessions`: leaseholdd only: `--keys` leases each holding one lock,
+//!   renewed at TTL/3 on schedule (open loop) over `--clients` connections;
+//!   renewals due and done per second, latency from each renewal's due
+//!   time, sessions lost, and the server's CPU and memory per session.
+//!   Run it for at least a third of the TTL, so every session renews.
 //! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
 //!   reports the server's memory with `--server-pid`.
 //! - `keep`: any backend: `--clients` clients hold `--keys` locks between them
@@ -49,7 +54,7 @@ use serde_json::json;
 
 use report::report;
 use stats::{cpu_seconds, rss_bytes};
-use workloads::{contended, cycle, hold, keep, renew, Shape};
+use workloads::{contended, cycle, hold, keep, renew, sessions, Shape};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Workload {
@@ -60,6 +65,8 @@ pub enum Workload {
     Lockset,
     Contended,
     Renew,
+    /// Sessions renewed on schedule: see the module doc.
+    Sessions,
     Hold,
     Keep,
 }
@@ -139,6 +146,19 @@ impl Shared {
         local.reset();
     }
 
+    /// Counts a failed gRPC call by its status code, and logs the first
+    /// message of each code.
+    fn status(&self, s: &tonic::Status) {
+        let kind = format!("{:?}", s.code()).to_lowercase();
+        if let Ok(mut m) = self.errors.lock() {
+            let n = m.entry(kind).or_default();
+            if *n == 0 {
+                tracing::warn!(code = ?s.code(), "{}", s.message());
+            }
+            *n += 1;
+        }
+    }
+
     fn error(&self, e: &Error) {
         let kind = match e {
             Error::Held { .. } => "held",
@@ -214,6 +234,7 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         Workload::Lockset => cycle(&a, &shared, &bar, Shape::Set).await?,
         Workload::Contended => contended(&a, &shared, &bar).await?,
         Workload::Renew => renew(&a, &shared, &bar).await?,
+        Workload::Sessions => sessions(&a, &shared, &bar, &mut extra).await?,
         Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
         Workload::Keep => keep(&a, &shared, &bar, &mut extra).await?,
     }

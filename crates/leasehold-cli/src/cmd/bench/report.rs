@@ -65,7 +65,11 @@ pub(super) fn report(
         println!("  errors: {errors:?}");
     }
     for (k, v) in out.as_object().into_iter().flatten() {
-        if k.starts_with("server_") || k == "bytes_per_held_lock" {
+        if k.starts_with("server_")
+            || k.starts_with("renewals_")
+            || k.starts_with("sessions")
+            || k == "bytes_per_held_lock"
+        {
             println!("  {k}: {v}");
         }
     }

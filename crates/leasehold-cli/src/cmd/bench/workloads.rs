@@ -410,3 +410,210 @@ pub(super) async fn hold(
     keepalive.abort();
     Ok(())
 }
+
+/// How often a `sessions` connection looks for renewals that are due.
+const SESSION_TICK: Duration = Duration::from_millis(2);
+
+/// Renewals one `sessions` connection lets wait for answers at once.
+const MAX_IN_FLIGHT: usize = 20_000;
+
+/// What `sessions` counts beside the shared figures.
+#[derive(Default)]
+struct SessionCounts {
+    /// Renewals whose due time fell inside the measured window.
+    due: AtomicU64,
+    /// Sessions the server had ended (`lease_expired`, `lease_not_found`)
+    /// when they renewed on schedule.
+    lost: AtomicU64,
+    /// Renewals not sent at all: the connection already had
+    /// `MAX_IN_FLIGHT` waiting for answers, so the server was falling behind.
+    skipped: AtomicU64,
+}
+
+/// One connection's sessions, by the time their next renewal is due.
+type Schedule =
+    std::sync::Mutex<std::collections::BinaryHeap<std::cmp::Reverse<(tokio::time::Instant, u64)>>>;
+
+/// Whether a failed renewal says the session is gone.
+fn session_ended(s: &tonic::Status) -> bool {
+    let code = s
+        .metadata()
+        .get("leasehold-code")
+        .and_then(|v| v.to_str().ok());
+    matches!(code, Some("lease_expired" | "lease_not_found")) || s.code() == tonic::Code::NotFound
+}
+
+/// `--keys` sessions (leases), each holding one lock, renewed every third
+/// of the TTL on schedule, as real holders renew: open loop, whether or not
+/// earlier renewals have been answered. A session renews first a third of
+/// the TTL after its grant, so the due times spread as the grants did. They
+/// are multiplexed over `--clients` connections (as one process's leases
+/// share its client's connection); with `--clients` equal to `--keys`, each
+/// session has a connection of its own. A renewal's latency runs from when
+/// it was due to its answer, so a server that falls behind shows it, not
+/// only the time on the wire. The window opens once every session is granted.
+pub(super) async fn sessions(
+    a: &Args,
+    shared: &Arc<Shared>,
+    bar: &ProgressBar,
+    extra: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<()> {
+    let total = a.keys.max(1);
+    let connections = (a.clients.max(1) as u64).min(total);
+    let ttl_ms = a.ttl.as_millis() as u64;
+    let period = a.ttl / 3;
+    let rss_before = a.server_pid.and_then(rss_bytes);
+    let prefix = format!("bench/sessions/{:x}", rand::random::<u32>());
+    // Connections still granting their sessions.
+    let granting = Arc::new(AtomicU64::new(connections));
+    let counts = Arc::new(SessionCounts::default());
+    bar.set_message("granting");
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let client = grpc(a).await?;
+        let schedule = Arc::new(Schedule::default());
+        // Grants this connection's share (session g when g % connections
+        // == c), each with its lock, while the renewer below keeps the ones
+        // granted so far alive.
+        let granter = {
+            let (mut client, shared, schedule, prefix, granting) = (
+                client.clone(),
+                shared.clone(),
+                schedule.clone(),
+                prefix.clone(),
+                granting.clone(),
+            );
+            tokio::spawn(async move {
+                for g in (c..total).step_by(connections as usize) {
+                    let grant = pb::GrantRequest {
+                        ttl_ms,
+                        holder: format!("bench-session-{g}"),
+                        request_id: 0,
+                    };
+                    let sent = tokio::time::Instant::now();
+                    let lease = match client.grant(grant).await {
+                        Ok(answer) => answer.into_inner().lease_id,
+                        Err(s) => {
+                            shared.status(&s);
+                            continue;
+                        }
+                    };
+                    if let Ok(mut due) = schedule.lock() {
+                        due.push(std::cmp::Reverse((sent + period, lease)));
+                    }
+                    let lock = pb::AcquireRequest {
+                        lease_id: lease,
+                        key: format!("{prefix}/{g}"),
+                        ..Default::default()
+                    };
+                    if let Err(s) = client.acquire(lock).await {
+                        shared.status(&s);
+                    }
+                }
+                granting.fetch_sub(1, Ordering::SeqCst);
+            })
+        };
+        let (shared, counts) = (shared.clone(), counts.clone());
+        tasks.push(tokio::spawn(async move {
+            let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+            let local = Arc::new(std::sync::Mutex::new(
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+            ));
+            while !shared.stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(SESSION_TICK).await;
+                let now = tokio::time::Instant::now();
+                loop {
+                    // Every renewal due by now, in due order; each goes back
+                    // in, due a period after it was due.
+                    let next = {
+                        let Ok(mut heap) = schedule.lock() else { break };
+                        match heap.peek() {
+                            Some(std::cmp::Reverse((due, _))) if *due <= now => heap.pop(),
+                            _ => None,
+                        }
+                    };
+                    let Some(std::cmp::Reverse((due, lease))) = next else {
+                        break;
+                    };
+                    if shared.measuring.load(Ordering::Relaxed) {
+                        counts.due.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                        counts.skipped.fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut heap) = schedule.lock() {
+                            heap.push(std::cmp::Reverse((due + period, lease)));
+                        }
+                        continue;
+                    };
+                    let (mut client, shared, counts, local, schedule) = (
+                        client.clone(),
+                        shared.clone(),
+                        counts.clone(),
+                        local.clone(),
+                        schedule.clone(),
+                    );
+                    tokio::spawn(async move {
+                        let answer = client
+                            .keep_alive(pb::KeepAliveRequest { lease_id: lease })
+                            .await;
+                        drop(permit);
+                        match answer {
+                            Ok(_) => {
+                                if let Ok(mut local) = local.lock() {
+                                    shared.done(&mut local, due.elapsed().as_micros() as u64);
+                                }
+                            }
+                            Err(s) if session_ended(&s) => {
+                                counts.lost.fetch_add(1, Ordering::Relaxed);
+                                return;
+                            }
+                            Err(s) => shared.status(&s),
+                        }
+                        if let Ok(mut heap) = schedule.lock() {
+                            heap.push(std::cmp::Reverse((due + period, lease)));
+                        }
+                    });
+                }
+            }
+            granter.abort();
+            // Answers still on their way count if they end inside the window.
+            let _ = in_flight.acquire_many(MAX_IN_FLIGHT as u32).await;
+            let mut local = match local.lock() {
+                Ok(local) => local.clone(),
+                Err(poisoned) => poisoned.into_inner().clone(),
+            };
+            shared.record(&mut local);
+        }));
+    }
+    let setup = Instant::now();
+    while granting.load(Ordering::SeqCst) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let grant_seconds = setup.elapsed().as_secs_f64();
+    let rss_after = a.server_pid.and_then(rss_bytes);
+    bar.set_message("renewing");
+    run_then_join(a.duration, shared, bar, tasks).await?;
+    let seconds = a.duration.as_secs_f64();
+    let done = shared.ops.load(Ordering::Relaxed);
+    let due = counts.due.load(Ordering::Relaxed);
+    extra.insert("sessions".into(), json!(total));
+    extra.insert("connections".into(), json!(connections));
+    extra.insert("grant_seconds".into(), json!(grant_seconds));
+    extra.insert("renewals_due_per_sec".into(), json!(due as f64 / seconds));
+    extra.insert("renewals_done_per_sec".into(), json!(done as f64 / seconds));
+    extra.insert(
+        "sessions_lost".into(),
+        json!(counts.lost.load(Ordering::Relaxed)),
+    );
+    extra.insert(
+        "renewals_not_sent".into(),
+        json!(counts.skipped.load(Ordering::Relaxed)),
+    );
+    if let (Some(before), Some(after)) = (rss_before, rss_after) {
+        extra.insert(
+            "server_rss_bytes_per_session".into(),
+            json!(after.saturating_sub(before) as f64 / total as f64),
+        );
+    }
+    Ok(())
+}

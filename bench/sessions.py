@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Live sessions on one leaseholdd node or a 3-node cluster.
+
+Starts fresh release nodes (temporary data dirs), then for each count in
+--sessions runs `leasehold bench --workload sessions`: that many leases,
+each holding one lock, renewed every TTL/3 on schedule (open loop, as real
+holders renew) over --connections connections (--connections equal to the
+count: one connection per session). Reports renewals due and done per
+second, the latency of a renewal from when it was due (p50, p99, max),
+sessions lost (ended by the server although renewed on time: must be 0),
+renewals the load generator could not send, and each node's CPU (a share of
+one core over the window) and RSS, with both per 100,000 sessions. The load
+generator runs on the same 2 cores as the nodes: read the CPU figures as the
+nodes' own, and the latencies as an upper bound. Stops exactly the
+processes it started.
+
+    cargo build --release --bin leaseholdd --bin leasehold
+    python3 bench/sessions.py [--nodes 1|3] [--sessions 10000,100000] [--connections 50]
+                              [--ttl 30] [--seconds 20] [--json]
+
+Figures are of this machine at the time of the run: compare runs made in one
+session, never absolute numbers across days (bench/results.md).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import failover as f  # noqa: E402  (its cluster of release nodes and helpers)
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss(pid):
+    status = open(f"/proc/{pid}/status").read()
+    return int(status.split("VmRSS:")[1].split()[0]) * 1024
+
+
+def start(nodes, workdir):
+    """A fresh single node (no flags but its address and data dir) or a
+    cluster of `nodes`; returns (endpoint, processes, stop)."""
+    if nodes == 1:
+        addr = f"127.0.0.1:{f.free_port()}"
+        log = open(os.path.join(workdir, "node.log"), "ab")
+        p = subprocess.Popen([f.BIN, "--listen", addr, "--data-dir", os.path.join(workdir, "d")],
+                             stdout=log, stderr=log)
+        f.wait_leading(addr)
+
+        def stop():
+            p.kill()
+            p.wait()
+        return f"http://{addr}", [p], stop
+    cluster = f.Cluster(nodes, workdir)
+    cluster.wait_leader()
+    return "http://" + ",".join(cluster.addrs), cluster.procs, cluster.stop
+
+
+def run(nodes, sessions, connections, ttl, seconds):
+    workdir = tempfile.mkdtemp(prefix="leasehold-sessions-")
+    endpoint, procs, stop = start(nodes, workdir)
+    try:
+        pids = [p.pid for p in procs]
+        rss_before = [rss(p) for p in pids]
+        bench = subprocess.Popen(
+            [f.CLI, "--endpoint", endpoint, "bench", "--workload", "sessions", "--keys", str(sessions),
+             "--clients", str(connections), "--ttl", f"{ttl}s", "--duration", f"{seconds}s", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Every node's CPU time, sampled while the bench runs: the window
+        # is its last `seconds`.
+        samples = []
+        while bench.poll() is None:
+            samples.append((time.monotonic(), [cpu_seconds(p) for p in pids], [rss(p) for p in pids]))
+            time.sleep(0.25)
+        stdout, stderr = bench.communicate()
+        if bench.returncode != 0:
+            raise SystemExit(f"bench failed: {stderr.strip()[-500:]}")
+        out = json.loads(stdout.strip().splitlines()[-1])
+        end, cpu_end, rss_end = samples[-1]
+        begin, cpu_begin, _ = min(samples, key=lambda s: abs(s[0] - (end - seconds)))
+        out["node_cpu_share"] = [(b - a) / max(end - begin, 1e-9) for a, b in zip(cpu_begin, cpu_end)]
+        out["node_rss_bytes"] = rss_end
+        out["node_rss_growth_bytes"] = [a - b for a, b in zip(rss_end, rss_before)]
+        return out
+    finally:
+        stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def line(nodes, out):
+    n = out["sessions"]
+    per = 100_000 / n
+    lat = out["latency_ms"]
+    rss_mib = ", ".join(f"{b / 2**20:.0f}" for b in out["node_rss_bytes"])
+    cpu = ", ".join(f"{c:.2f}" for c in out["node_cpu_share"])
+    growth = max(out["node_rss_growth_bytes"])
+    return (f"{nodes} node(s), {n:,} sessions over {out['connections']:,} connection(s): "
+            f"renewals due {out['renewals_due_per_sec']:,.0f}/s, done {out['renewals_done_per_sec']:,.0f}/s; "
+            f"from due: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms; "
+            f"lost {out['sessions_lost']}, not sent {out['renewals_not_sent']}; "
+            f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k); "
+            f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k); "
+            f"granting {out['grant_seconds']:.1f} s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, choices=[1, 3], default=1)
+    ap.add_argument("--sessions", default="10000,100000", help="comma-separated session counts")
+    ap.add_argument("--connections", type=int, default=50,
+                    help="connections the sessions share (0: one per session)")
+    ap.add_argument("--ttl", type=int, default=30, help="lease TTL in seconds")
+    ap.add_argument("--seconds", type=int, default=None, help="measured window (default: 2 x TTL/3)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    for b in (f.BIN, f.CLI):
+        if not os.path.exists(b):
+            raise SystemExit("build first: cargo build --release --bin leaseholdd --bin leasehold")
+    seconds = args.seconds or max(1, 2 * args.ttl // 3)
+    for n in (int(s) for s in args.sessions.split(",")):
+        out = run(args.nodes, n, args.connections or n, args.ttl, seconds)
+        print(json.dumps(out) if args.json else line(args.nodes, out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
