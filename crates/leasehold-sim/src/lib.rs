@@ -359,7 +359,7 @@ impl Joiner {
         };
         if let Some(consensus) = registry.get(leader) {
             world.spawn_on(on, async move {
-                let _ = consensus.add_member(id, node::addr(id)).await;
+                let _ = consensus.membership().add(id, node::addr(id)).await;
             });
         }
     }

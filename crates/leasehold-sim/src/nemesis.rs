@@ -150,7 +150,7 @@ impl Nemesis {
             (self.registry.get(leader), self.host_of(world, leader))
         {
             world.spawn_on(on, async move {
-                let _ = consensus.add_member(id, addr(id)).await;
+                let _ = consensus.membership().add(id, addr(id)).await;
             });
         }
     }
@@ -196,7 +196,7 @@ impl Nemesis {
                         (self.registry.get(leader), self.host_of(world, leader))
                     {
                         world.spawn_on(on, async move {
-                            let _ = consensus.remove_member(id).await;
+                            let _ = consensus.membership().remove(id).await;
                         });
                     }
                 }

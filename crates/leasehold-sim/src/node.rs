@@ -41,7 +41,7 @@ impl Registry {
     pub fn leader(&self) -> Option<(NodeId, u64)> {
         self.lock()
             .values()
-            .map(|c| c.cluster_status())
+            .map(|c| c.membership().status())
             .filter(|s| s.role == "leader")
             .max_by_key(|s| s.term)
             .map(|s| (s.id, s.term))
@@ -56,7 +56,8 @@ impl Registry {
     pub fn is_voter(&self, id: NodeId) -> bool {
         let leader = self.leader().and_then(|(l, _)| self.get(l));
         leader.is_some_and(|c| {
-            c.cluster_status()
+            c.membership()
+                .status()
                 .members
                 .iter()
                 .any(|m| m.id == id && m.voter)
@@ -67,7 +68,7 @@ impl Registry {
     pub fn status(&self, id: NodeId) -> Option<(&'static str, u64, u64)> {
         self.lock()
             .get(&id)
-            .map(|c| c.cluster_status())
+            .map(|c| c.membership().status())
             .map(|s| (s.role, s.term, s.last_applied))
     }
 }
@@ -168,7 +169,7 @@ impl NodeParts {
                 Envelope::Peer { id, call, payload } => {
                     let consensus = consensus.clone();
                     tokio::spawn(async move {
-                        net.answer_peer(id, consensus.serve_peer(call, &payload).await);
+                        net.answer_peer(id, consensus.peers().serve(call, &payload).await);
                     });
                 }
                 Envelope::Stream {
@@ -177,7 +178,7 @@ impl NodeParts {
                 } => {
                     let requests =
                         Box::pin(futures::stream::poll_fn(move |cx| requests.poll_recv(cx)));
-                    let mut served = consensus.serve_append_stream(requests);
+                    let mut served = consensus.peers().serve_append_stream(requests);
                     tokio::spawn(async move {
                         use futures::StreamExt;
                         while let Some(answer) = served.next().await {

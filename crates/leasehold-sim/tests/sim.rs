@@ -302,12 +302,16 @@ fn a_removed_member_leaves_the_group_and_comes_back_as_a_voter() {
     let on = host(&sandbox, leader);
     let c = consensus.clone();
     sandbox.world.spawn_on(on, async move {
-        c.remove_member(gone).await.expect("removed");
+        c.membership().remove(gone).await.expect("removed");
     });
     sandbox.run_for(Duration::from_secs(1)).expect("run");
     assert!(!sandbox.registry.is_voter(gone), "n{gone} still a voter");
     sandbox.world.spawn_on(on, async move {
-        consensus.add_member(gone, addr(gone)).await.expect("added");
+        consensus
+            .membership()
+            .add(gone, addr(gone))
+            .await
+            .expect("added");
     });
     sandbox.run_for(Duration::from_secs(2)).expect("run");
     assert!(sandbox.registry.is_voter(gone), "n{gone} not back");

@@ -249,9 +249,9 @@ fn lease_id(raw: &str) -> Result<u64> {
 /// no longer a member of its group: stop it and delete its data dir.
 async fn health(State(s): State<LockService>) -> (axum::http::StatusCode, Json<Value>) {
     let c = s.consensus();
-    let cluster = c.cluster_status();
+    let cluster = c.membership().status();
     let alarm = c.table_alarm();
-    let (code, status) = if c.removed() {
+    let (code, status) = if c.membership().removed() {
         (axum::http::StatusCode::SERVICE_UNAVAILABLE, "removed")
     } else if alarm.is_some() {
         // Serving still; an operator must look (`alarm` says at what).
@@ -309,7 +309,7 @@ async fn gauges(consensus: &crate::raft::Consensus) -> crate::metrics::Gauges {
             )
         })
         .await;
-    let cluster = consensus.cluster_status();
+    let cluster = consensus.membership().status();
     crate::metrics::Gauges {
         leases: leases as u64,
         locks_held: held as u64,

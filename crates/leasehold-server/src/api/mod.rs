@@ -22,7 +22,7 @@ use crate::service::LockService;
 /// follower names.
 pub fn router(service: LockService, peer_certificates: bool, scheme: &'static str) -> axum::Router {
     let mut routes = tonic::service::Routes::new(grpc::server(service.clone()))
-        .add_service(service.consensus().peer_service(peer_certificates))
+        .add_service(service.consensus().peers().grpc_service(peer_certificates))
         .add_service(health::service(service.consensus()));
     if let Some(reflection) = health::reflection() {
         routes = routes.add_service(reflection);

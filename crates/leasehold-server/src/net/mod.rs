@@ -14,7 +14,7 @@
 //!   this costs them nothing.
 //! - An HTTP/1 request hyper cannot parse (a bad `Transfer-Encoding`,
 //!   headers too large) gets the JSON error body every other answer has
-//!   ([`JsonParseErrors`]), not an empty one.
+//!   (`json_errors`), not an empty one.
 //! - At most [`Limits::max_connections`] are open at once; past it a new
 //!   connection is closed at once, with one log line each time the cap is
 //!   reached, so open file descriptors stay below the process's limit and
@@ -109,7 +109,8 @@ pub async fn serve(
             .await;
         }
         if first[0] == crate::raft::transport::framed::HELLO[0] {
-            let serving = service.consensus().serve_framed(
+            let consensus = service.consensus();
+            let serving = consensus.peers().serve_framed(
                 stream,
                 peers_need_certificates,
                 limits.header_timeout,

@@ -254,7 +254,7 @@ impl Consensus {
     /// on naming a leader that died until another is elected). A removed
     /// node serves nothing.
     pub async fn serving(&self, within: Duration) -> bool {
-        if self.removed() {
+        if self.membership().removed() {
             return false;
         }
         if self.now().is_some() {

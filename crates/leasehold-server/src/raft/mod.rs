@@ -6,6 +6,13 @@
 //! group, so a cluster is membership plus the peer transport, not a different
 //! code path.
 //!
+//! [`Consensus`] is what the lock service uses: proposals, reads and the
+//! leader's clock, and the node's life (start, stop, hand leadership over
+//! at a clean stop). Its other roles have types of their own, each a view
+//! of the same node: [`Membership`] ([`Consensus::membership`]: the
+//! group's status and an operator's changes to it) and [`PeerEndpoint`]
+//! ([`Consensus::peers`]: the server end of the calls other nodes make).
+//!
 //! # Layout
 //! The node itself sits here; what it stands on is in three folders.
 //! - [`node`]: start-up from injected parts (node id, members, log store,
@@ -47,7 +54,9 @@ use serde::{Deserialize, Serialize};
 use crate::hub::Hub;
 pub use leadership::{Clock, SystemClock};
 pub use node::{NodeSpec, RaftOptions};
-pub use operations::membership::{AddressMismatch, ClusterStatus, MemberStatus, MembershipError};
+pub use operations::membership::{
+    AddressMismatch, ClusterStatus, MemberStatus, Membership, MembershipError,
+};
 pub use runtime::seed_thread_randomness;
 use state_machine::Shared;
 pub use state_machine::{AppliedCommand, ApplyTap, StateMachine};
@@ -55,6 +64,7 @@ pub use storage::disk::{FsDisk, FsFile, LogDisk, LogFile};
 pub use storage::log_store::LogStore;
 pub use storage::snapshot_store::{FileSnapshots, MemorySnapshots, SnapshotStore};
 pub use transport::grpc::{GrpcTransport, PeerService};
+pub use transport::peer::PeerEndpoint;
 pub use transport::{AnswerStream, PeerCall, Transport, TransportError};
 
 /// Commands applied since the last snapshot past which a clean stop takes
@@ -306,7 +316,7 @@ impl Consensus {
         if self.leader_clock().is_none() || self.voters().len() < 2 {
             return;
         }
-        match self.transfer_leader(None).await {
+        match self.membership().transfer_leader(None).await {
             Ok(status) => tracing::info!(
                 leader = ?status.leader,
                 "stopping: handed leadership over first"

@@ -11,14 +11,14 @@ impl LockService {
     /// Members, roles, term, leader and lag: for any caller with a live token.
     pub async fn cluster_status(&self) -> Result<ClusterStatus, ApiError> {
         self.caller_here().await?;
-        Ok(self.consensus.cluster_status())
+        Ok(self.consensus.membership().status())
     }
 
     /// Adds a member (admin on every key).
     pub async fn add_member(&self, id: NodeId, addr: String) -> Result<ClusterStatus, ApiError> {
         let who = self.admin_here().await?;
         let what = format!("member {id} at {addr} added");
-        let status = self.consensus.add_member(id, addr).await?;
+        let status = self.consensus.membership().add(id, addr).await?;
         audit(&who, &what);
         Ok(status)
     }
@@ -26,7 +26,7 @@ impl LockService {
     /// Removes a member (admin on every key).
     pub async fn remove_member(&self, id: NodeId) -> Result<ClusterStatus, ApiError> {
         let who = self.admin_here().await?;
-        let status = self.consensus.remove_member(id).await?;
+        let status = self.consensus.membership().remove(id).await?;
         audit(&who, &format!("member {id} removed"));
         Ok(status)
     }
@@ -35,7 +35,7 @@ impl LockService {
     /// (admin on every key).
     pub async fn transfer_leader(&self, to: Option<NodeId>) -> Result<ClusterStatus, ApiError> {
         let who = self.admin_here().await?;
-        let status = self.consensus.transfer_leader(to).await?;
+        let status = self.consensus.membership().transfer_leader(to).await?;
         let leader = status.leader.map_or("?".to_string(), |l| l.to_string());
         audit(&who, &format!("leadership handed to node {leader}"));
         Ok(status)

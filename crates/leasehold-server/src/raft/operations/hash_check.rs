@@ -45,7 +45,7 @@ impl Consensus {
             return Vec::new();
         }
         let mut differ = Vec::new();
-        for member in self.cluster_status().members {
+        for member in self.membership().status().members {
             if member.id == self.id {
                 continue;
             }

@@ -154,7 +154,21 @@ pub struct AddressMismatch {
     pub started: String,
 }
 
+/// The membership of the group, as an operator reads and changes it:
+/// status, add, remove, and hand leadership over
+/// ([`Consensus::membership`]). Changes are made on the leader only.
+#[derive(Clone, Copy)]
+pub struct Membership<'a> {
+    consensus: &'a Consensus,
+}
+
 impl Consensus {
+    /// The group's membership: its status, and the changes an operator
+    /// makes to it.
+    pub fn membership(&self) -> Membership<'_> {
+        Membership { consensus: self }
+    }
+
     /// Checks the address the group records for this node against the one
     /// it was started with. A node of a cluster recorded elsewhere is
     /// refused: peers and clients would be sent to an address it does not
@@ -206,121 +220,6 @@ impl Consensus {
         Ok(())
     }
 
-    /// The group as this node sees it (a follower does not know the lag).
-    pub fn cluster_status(&self) -> ClusterStatus {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
-        let last = m.last_log_index.unwrap_or(0);
-        let matched: BTreeMap<NodeId, Option<u64>> = m
-            .replication
-            .as_ref()
-            .map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect())
-            .unwrap_or_default();
-        let leads = m.state == ServerState::Leader;
-        let members = membership
-            .nodes()
-            .map(|(id, node)| {
-                let me = *id == m.id;
-                let matched_index = if me && leads {
-                    Some(last)
-                } else {
-                    matched.get(id).copied().flatten()
-                };
-                let heard = (leads && !me).then(|| self.heard.since(*id)).flatten();
-                MemberStatus {
-                    id: *id,
-                    addr: node.addr.clone(),
-                    voter: voters.contains(id),
-                    matched_index,
-                    lag: matched_index.map(|i| last.saturating_sub(i)),
-                    last_heard_ms: heard.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                    reachable: leads.then_some(me || heard.is_some_and(|d| d <= self.heard.within)),
-                }
-            })
-            .collect::<Vec<MemberStatus>>();
-        let quorum = leads.then(|| {
-            let up = members
-                .iter()
-                .filter(|m| m.voter && m.reachable == Some(true))
-                .count();
-            up * 2 > voters.len()
-        });
-        let last_applied = m.last_applied.map_or(0, |l| l.index);
-        let commit_index = if m.state == ServerState::Leader {
-            quorum_index(&members).unwrap_or(last_applied)
-        } else {
-            last_applied
-        };
-        ClusterStatus {
-            id: m.id,
-            // openraft never tells a removed member; it still calls itself
-            // a follower.
-            role: if self.removed() {
-                "removed"
-            } else {
-                role(m.state)
-            },
-            term: m.current_term,
-            leader: m.current_leader,
-            leader_addr: m
-                .current_leader
-                .and_then(|l| membership.get_node(&l).map(|n| n.addr.clone())),
-            last_log_index: last,
-            commit_index,
-            last_applied,
-            snapshot_index: m.snapshot.map_or(0, |l| l.index),
-            members,
-            quorum,
-        }
-    }
-
-    /// Refuses unless this node leads and is a voter of the latest
-    /// membership: a leader that has just removed itself still leads until
-    /// that change commits, and must not start another one (openraft
-    /// asserts against it in debug builds).
-    fn leader_only(&self) -> Result<(), MembershipError> {
-        let (state, me) = {
-            let m = self.raft.metrics();
-            let m = m.borrow_watched();
-            (m.state, m.id)
-        };
-        if state != ServerState::Leader || !self.voters().contains(&me) {
-            return Err(self.not_leader().into());
-        }
-        Ok(())
-    }
-
-    /// Refuses a voter set in which fewer than a majority answer now.
-    async fn check_quorum(&self, voters: &BTreeSet<NodeId>) -> Result<(), MembershipError> {
-        let status = self.cluster_status();
-        let addr = |id: NodeId| {
-            status
-                .members
-                .iter()
-                .find(|m| m.id == id)
-                .map(|m| m.addr.clone())
-        };
-        let mut up = 0;
-        for &id in voters {
-            let answers = id == self.id
-                || match addr(id) {
-                    Some(a) => self.probe(id, &a).await.is_some(),
-                    None => false,
-                };
-            up += usize::from(answers);
-        }
-        if up * 2 <= voters.len() {
-            return Err(MembershipError::invalid(
-                "members",
-                format!(
-                    "the change leaves voters {voters:?}, of which only {up} answer now: they could not form a quorum; bring members back first"
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     pub(in crate::raft) fn voters(&self) -> BTreeSet<NodeId> {
         self.raft
             .metrics()
@@ -329,290 +228,6 @@ impl Consensus {
             .membership()
             .voter_ids()
             .collect()
-    }
-
-    /// Adds node `id` at `addr`: as a learner, caught up, then as a voter.
-    /// A learner that does not answer or catch up in time is removed again,
-    /// and the voters stay as they were.
-    pub async fn add_member(
-        &self,
-        id: NodeId,
-        addr: String,
-    ) -> Result<ClusterStatus, MembershipError> {
-        self.leader_only()?;
-        let mut voters = self.voters();
-        if voters.contains(&id) {
-            return Err(MembershipError::invalid(
-                "id",
-                format!("node {id} is already a voter"),
-            ));
-        }
-        if id == 0 {
-            return Err(MembershipError::invalid("id", "node ids start at 1"));
-        }
-        if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
-            return Err(MembershipError::invalid(
-                "addr",
-                format!("{addr:?} is not host:port"),
-            ));
-        }
-        // One address, one node: a node listed twice would call itself.
-        let m = self.raft.metrics().borrow_watched().clone();
-        let taken = m
-            .membership_config
-            .membership()
-            .nodes()
-            .find(|(other, node)| **other != id && node.addr == addr)
-            .map(|(other, _)| *other);
-        if let Some(other) = taken {
-            return Err(MembershipError::invalid(
-                "addr",
-                format!("{addr} is node {other}'s address: each node needs its own"),
-            ));
-        }
-        self.raft
-            .add_learner(id, BasicNode { addr: addr.clone() }, false)
-            .await
-            .map_err(|e| self.change_error(e))?;
-        if let Err(why) = self.catch_up(id, &addr).await {
-            let removed = self
-                .raft
-                .change_membership(
-                    openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id])),
-                    false,
-                )
-                .await;
-            let why = match removed {
-                Ok(_) => format!("{why}; it was not added"),
-                Err(e) => format!(
-                    "{why}; removing it as a learner failed too ({}): run `leasehold cluster remove {id}`",
-                    self.change_error(e)
-                ),
-            };
-            tracing::warn!(id, %addr, "{why}");
-            return Err(MembershipError::NotAdded(why));
-        }
-        voters.insert(id);
-        self.check_quorum(&voters).await?;
-        self.raft
-            .change_membership(voters, false)
-            .await
-            .map_err(|e| self.change_error(e))?;
-        tracing::info!(id, "added a voter");
-        // The leader restarts replication on a membership change; the status
-        // answered shows the new voter's progress once it is known again.
-        let mut metrics = self.raft.metrics();
-        let known = metrics.wait_until(|m| {
-            m.replication
-                .as_ref()
-                .is_some_and(|r| r.get(&id).is_some_and(Option::is_some))
-        });
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), known).await;
-        Ok(self.cluster_status())
-    }
-
-    /// Waits until learner `id` has answered the leader and come within
-    /// [`CAUGHT_UP_LAG`] entries of its last one; why not, if it does not in
-    /// time. A probe counts as an answer too, so a learner busy taking in a
-    /// large snapshot (no append answered yet) is given the time to finish.
-    async fn catch_up(&self, id: NodeId, addr: &str) -> Result<(), String> {
-        let start = tokio::time::Instant::now();
-        let progress = || {
-            let m = self.raft.metrics().borrow_watched().clone();
-            let matched = m
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(&id).copied().flatten())
-                .map(|l| l.index);
-            (matched, m.last_log_index.unwrap_or(0), m.state)
-        };
-        loop {
-            let (matched, _, state) = progress();
-            if state != ServerState::Leader {
-                return Err(format!(
-                    "this node stopped leading while node {id} caught up"
-                ));
-            }
-            if matched.is_some() || self.probe(id, addr).await.is_some() {
-                break;
-            }
-            if start.elapsed() >= ANSWER_WITHIN {
-                return Err(format!(
-                    "node {id} at {addr} did not answer within {} s",
-                    ANSWER_WITHIN.as_secs()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        loop {
-            let (matched, last, state) = progress();
-            if state != ServerState::Leader {
-                return Err(format!(
-                    "this node stopped leading while node {id} caught up"
-                ));
-            }
-            if matched.is_some_and(|i| last.saturating_sub(i) <= CAUGHT_UP_LAG) {
-                return Ok(());
-            }
-            if start.elapsed() >= CATCH_UP_WITHIN {
-                let held = matched.map_or("nothing".to_string(), |i| format!("index {i}"));
-                return Err(format!(
-                    "node {id} at {addr} answered but did not catch up within {} s (it holds {held} of {last})",
-                    CATCH_UP_WITHIN.as_secs()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Removes node `id` from the group.
-    pub async fn remove_member(&self, id: NodeId) -> Result<ClusterStatus, MembershipError> {
-        self.leader_only()?;
-        let mut voters = self.voters();
-        let learner = self
-            .cluster_status()
-            .members
-            .iter()
-            .any(|m| m.id == id && !m.voter);
-        if !voters.remove(&id) && !learner {
-            return Err(MembershipError::invalid(
-                "id",
-                format!("node {id} is not a member"),
-            ));
-        }
-        if voters.is_empty() {
-            return Err(MembershipError::invalid(
-                "id",
-                "the last voter cannot be removed",
-            ));
-        }
-        self.check_quorum(&voters).await?;
-        let change = if learner {
-            openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id]))
-        } else {
-            openraft::ChangeMembers::ReplaceAllVoters(voters)
-        };
-        self.raft
-            .change_membership(change, false)
-            .await
-            .map_err(|e| self.change_error(e))?;
-        tracing::info!(id, "removed a member");
-        Ok(self.cluster_status())
-    }
-
-    /// Hands leadership to voter `to`, or to the follower that holds the
-    /// most of the log, and waits until another node leads (the one asked,
-    /// as a rule). The new leader campaigns
-    /// at once, without waiting out an election timeout, so clients see a
-    /// pause of about one round trip.
-    pub async fn transfer_leader(
-        &self,
-        to: Option<NodeId>,
-    ) -> Result<ClusterStatus, MembershipError> {
-        self.leader_only()?;
-        let to = self.transfer_target(to)?;
-        let term = self.raft.metrics().borrow_watched().current_term;
-        self.raft
-            .trigger()
-            .transfer_leader(to)
-            .await
-            .map_err(|e| ConsensusError::Stopped(e.to_string()))?;
-        let handed = self
-            .raft
-            .wait(Some(TRANSFER_WITHIN))
-            .metrics(
-                |m| m.current_term > term && m.current_leader.is_some_and(|l| l != m.id),
-                "leadership to move",
-            )
-            .await;
-        if handed.is_err() {
-            return Err(ConsensusError::Unknown(format!(
-                "node {to} did not take over within {} s; check `leasehold cluster status`",
-                TRANSFER_WITHIN.as_secs()
-            ))
-            .into());
-        }
-        tracing::info!(to, "handed leadership over");
-        Ok(self.cluster_status())
-    }
-
-    /// The voter to hand leadership to: `to` if it may take it, else the
-    /// reachable follower whose log matches the most of this one's (the
-    /// lowest id among equals). A node that is unreachable or behind would
-    /// drop the hand-over, and the leader would refuse writes until an
-    /// election: it is refused here instead.
-    fn transfer_target(&self, to: Option<NodeId>) -> Result<NodeId, MembershipError> {
-        let voters = self.voters();
-        let others: Vec<NodeId> = voters.iter().copied().filter(|&v| v != self.id).collect();
-        if others.is_empty() {
-            return Err(MembershipError::invalid(
-                "to",
-                "this node is the only voter: there is no one to hand leadership to",
-            ));
-        }
-        if let Some(to) = to {
-            if to == self.id {
-                return Err(MembershipError::invalid(
-                    "to",
-                    format!("node {to} already leads"),
-                ));
-            }
-            if !voters.contains(&to) {
-                return Err(MembershipError::invalid(
-                    "to",
-                    format!("node {to} is not a voter; voters: {others:?}"),
-                ));
-            }
-        }
-        let (matched, last) = {
-            let m = self.raft.metrics();
-            let m = m.borrow_watched();
-            (
-                m.replication.clone().unwrap_or_default(),
-                m.last_log_index.unwrap_or(0),
-            )
-        };
-        let index = |id: &NodeId| {
-            matched
-                .get(id)
-                .and_then(|m| m.as_ref().map(|l| l.index))
-                .unwrap_or(0)
-        };
-        let ready = |id: &NodeId| {
-            let reachable = self
-                .heard
-                .since(*id)
-                .is_some_and(|ago| ago <= self.heard.within);
-            reachable && last.saturating_sub(index(id)) <= CAUGHT_UP_LAG
-        };
-        if let Some(to) = to {
-            if !ready(&to) {
-                return Err(MembershipError::invalid(
-                    "to",
-                    format!(
-                        "node {to} is unreachable or behind (it holds index {} of {last}); see `leasehold cluster status`",
-                        index(&to)
-                    ),
-                ));
-            }
-            return Ok(to);
-        }
-        let best = others
-            .iter()
-            .copied()
-            .filter(ready)
-            .max_by_key(|id| (index(id), std::cmp::Reverse(*id)));
-        best.ok_or_else(|| {
-            MembershipError::invalid(
-                "to",
-                "no follower is reachable and caught up; see `leasehold cluster status`",
-            )
-        })
-    }
-
-    /// Whether this node learned that it was removed from the group.
-    pub fn removed(&self) -> bool {
-        self.removed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Watches for this node's own removal, which openraft never tells it:
@@ -695,9 +310,418 @@ impl Consensus {
             }
         }
     }
+}
+
+impl Membership<'_> {
+    /// The group as this node sees it (a follower does not know the lag).
+    pub fn status(self) -> ClusterStatus {
+        let m = self.consensus.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let last = m.last_log_index.unwrap_or(0);
+        let matched: BTreeMap<NodeId, Option<u64>> = m
+            .replication
+            .as_ref()
+            .map(|r| r.iter().map(|(id, l)| (*id, l.map(|l| l.index))).collect())
+            .unwrap_or_default();
+        let leads = m.state == ServerState::Leader;
+        let members = membership
+            .nodes()
+            .map(|(id, node)| {
+                let me = *id == m.id;
+                let matched_index = if me && leads {
+                    Some(last)
+                } else {
+                    matched.get(id).copied().flatten()
+                };
+                let heard = (leads && !me)
+                    .then(|| self.consensus.heard.since(*id))
+                    .flatten();
+                MemberStatus {
+                    id: *id,
+                    addr: node.addr.clone(),
+                    voter: voters.contains(id),
+                    matched_index,
+                    lag: matched_index.map(|i| last.saturating_sub(i)),
+                    last_heard_ms: heard.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                    reachable: leads
+                        .then_some(me || heard.is_some_and(|d| d <= self.consensus.heard.within)),
+                }
+            })
+            .collect::<Vec<MemberStatus>>();
+        let quorum = leads.then(|| {
+            let up = members
+                .iter()
+                .filter(|m| m.voter && m.reachable == Some(true))
+                .count();
+            up * 2 > voters.len()
+        });
+        let last_applied = m.last_applied.map_or(0, |l| l.index);
+        let commit_index = if m.state == ServerState::Leader {
+            quorum_index(&members).unwrap_or(last_applied)
+        } else {
+            last_applied
+        };
+        ClusterStatus {
+            id: m.id,
+            // openraft never tells a removed member; it still calls itself
+            // a follower.
+            role: if self.removed() {
+                "removed"
+            } else {
+                role(m.state)
+            },
+            term: m.current_term,
+            leader: m.current_leader,
+            leader_addr: m
+                .current_leader
+                .and_then(|l| membership.get_node(&l).map(|n| n.addr.clone())),
+            last_log_index: last,
+            commit_index,
+            last_applied,
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            members,
+            quorum,
+        }
+    }
+
+    /// Refuses unless this node leads and is a voter of the latest
+    /// membership: a leader that has just removed itself still leads until
+    /// that change commits, and must not start another one (openraft
+    /// asserts against it in debug builds).
+    fn leader_only(self) -> Result<(), MembershipError> {
+        let (state, me) = {
+            let m = self.consensus.raft.metrics();
+            let m = m.borrow_watched();
+            (m.state, m.id)
+        };
+        if state != ServerState::Leader || !self.consensus.voters().contains(&me) {
+            return Err(self.consensus.not_leader().into());
+        }
+        Ok(())
+    }
+
+    /// Refuses a voter set in which fewer than a majority answer now.
+    async fn check_quorum(self, voters: &BTreeSet<NodeId>) -> Result<(), MembershipError> {
+        let status = self.status();
+        let addr = |id: NodeId| {
+            status
+                .members
+                .iter()
+                .find(|m| m.id == id)
+                .map(|m| m.addr.clone())
+        };
+        let mut up = 0;
+        for &id in voters {
+            let answers = id == self.consensus.id
+                || match addr(id) {
+                    Some(a) => self.consensus.probe(id, &a).await.is_some(),
+                    None => false,
+                };
+            up += usize::from(answers);
+        }
+        if up * 2 <= voters.len() {
+            return Err(MembershipError::invalid(
+                "members",
+                format!(
+                    "the change leaves voters {voters:?}, of which only {up} answer now: they could not form a quorum; bring members back first"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds node `id` at `addr`: as a learner, caught up, then as a voter.
+    /// A learner that does not answer or catch up in time is removed again,
+    /// and the voters stay as they were.
+    pub async fn add(self, id: NodeId, addr: String) -> Result<ClusterStatus, MembershipError> {
+        self.leader_only()?;
+        let mut voters = self.consensus.voters();
+        if voters.contains(&id) {
+            return Err(MembershipError::invalid(
+                "id",
+                format!("node {id} is already a voter"),
+            ));
+        }
+        if id == 0 {
+            return Err(MembershipError::invalid("id", "node ids start at 1"));
+        }
+        if addr.parse::<std::net::SocketAddr>().is_err() && !addr.contains(':') {
+            return Err(MembershipError::invalid(
+                "addr",
+                format!("{addr:?} is not host:port"),
+            ));
+        }
+        // One address, one node: a node listed twice would call itself.consensus.
+        let m = self.consensus.raft.metrics().borrow_watched().clone();
+        let taken = m
+            .membership_config
+            .membership()
+            .nodes()
+            .find(|(other, node)| **other != id && node.addr == addr)
+            .map(|(other, _)| *other);
+        if let Some(other) = taken {
+            return Err(MembershipError::invalid(
+                "addr",
+                format!("{addr} is node {other}'s address: each node needs its own"),
+            ));
+        }
+        self.consensus
+            .raft
+            .add_learner(id, BasicNode { addr: addr.clone() }, false)
+            .await
+            .map_err(|e| self.change_error(e))?;
+        if let Err(why) = self.catch_up(id, &addr).await {
+            let removed = self
+                .consensus
+                .raft
+                .change_membership(
+                    openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id])),
+                    false,
+                )
+                .await;
+            let why = match removed {
+                Ok(_) => format!("{why}; it was not added"),
+                Err(e) => format!(
+                    "{why}; removing it as a learner failed too ({}): run `leasehold cluster remove {id}`",
+                    self.change_error(e)
+                ),
+            };
+            tracing::warn!(id, %addr, "{why}");
+            return Err(MembershipError::NotAdded(why));
+        }
+        voters.insert(id);
+        self.check_quorum(&voters).await?;
+        self.consensus
+            .raft
+            .change_membership(voters, false)
+            .await
+            .map_err(|e| self.change_error(e))?;
+        tracing::info!(id, "added a voter");
+        // The leader restarts replication on a membership change; the status
+        // answered shows the new voter's progress once it is known again.
+        let mut metrics = self.consensus.raft.metrics();
+        let known = metrics.wait_until(|m| {
+            m.replication
+                .as_ref()
+                .is_some_and(|r| r.get(&id).is_some_and(Option::is_some))
+        });
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), known).await;
+        Ok(self.status())
+    }
+
+    /// Waits until learner `id` has answered the leader and come within
+    /// [`CAUGHT_UP_LAG`] entries of its last one; why not, if it does not in
+    /// time. A probe counts as an answer too, so a learner busy taking in a
+    /// large snapshot (no append answered yet) is given the time to finish.
+    async fn catch_up(self, id: NodeId, addr: &str) -> Result<(), String> {
+        let start = tokio::time::Instant::now();
+        let progress = || {
+            let m = self.consensus.raft.metrics().borrow_watched().clone();
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&id).copied().flatten())
+                .map(|l| l.index);
+            (matched, m.last_log_index.unwrap_or(0), m.state)
+        };
+        loop {
+            let (matched, _, state) = progress();
+            if state != ServerState::Leader {
+                return Err(format!(
+                    "this node stopped leading while node {id} caught up"
+                ));
+            }
+            if matched.is_some() || self.consensus.probe(id, addr).await.is_some() {
+                break;
+            }
+            if start.elapsed() >= ANSWER_WITHIN {
+                return Err(format!(
+                    "node {id} at {addr} did not answer within {} s",
+                    ANSWER_WITHIN.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        loop {
+            let (matched, last, state) = progress();
+            if state != ServerState::Leader {
+                return Err(format!(
+                    "this node stopped leading while node {id} caught up"
+                ));
+            }
+            if matched.is_some_and(|i| last.saturating_sub(i) <= CAUGHT_UP_LAG) {
+                return Ok(());
+            }
+            if start.elapsed() >= CATCH_UP_WITHIN {
+                let held = matched.map_or("nothing".to_string(), |i| format!("index {i}"));
+                return Err(format!(
+                    "node {id} at {addr} answered but did not catch up within {} s (it holds {held} of {last})",
+                    CATCH_UP_WITHIN.as_secs()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Removes node `id` from the group.
+    pub async fn remove(self, id: NodeId) -> Result<ClusterStatus, MembershipError> {
+        self.leader_only()?;
+        let mut voters = self.consensus.voters();
+        let learner = self.status().members.iter().any(|m| m.id == id && !m.voter);
+        if !voters.remove(&id) && !learner {
+            return Err(MembershipError::invalid(
+                "id",
+                format!("node {id} is not a member"),
+            ));
+        }
+        if voters.is_empty() {
+            return Err(MembershipError::invalid(
+                "id",
+                "the last voter cannot be removed",
+            ));
+        }
+        self.check_quorum(&voters).await?;
+        let change = if learner {
+            openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        } else {
+            openraft::ChangeMembers::ReplaceAllVoters(voters)
+        };
+        self.consensus
+            .raft
+            .change_membership(change, false)
+            .await
+            .map_err(|e| self.change_error(e))?;
+        tracing::info!(id, "removed a member");
+        Ok(self.status())
+    }
+
+    /// Hands leadership to voter `to`, or to the follower that holds the
+    /// most of the log, and waits until another node leads (the one asked,
+    /// as a rule). The new leader campaigns
+    /// at once, without waiting out an election timeout, so clients see a
+    /// pause of about one round trip.
+    pub async fn transfer_leader(
+        self,
+        to: Option<NodeId>,
+    ) -> Result<ClusterStatus, MembershipError> {
+        self.leader_only()?;
+        let to = self.transfer_target(to)?;
+        let term = self.consensus.raft.metrics().borrow_watched().current_term;
+        self.consensus
+            .raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| ConsensusError::Stopped(e.to_string()))?;
+        let handed = self
+            .consensus
+            .raft
+            .wait(Some(TRANSFER_WITHIN))
+            .metrics(
+                |m| m.current_term > term && m.current_leader.is_some_and(|l| l != m.id),
+                "leadership to move",
+            )
+            .await;
+        if handed.is_err() {
+            return Err(ConsensusError::Unknown(format!(
+                "node {to} did not take over within {} s; check `leasehold cluster status`",
+                TRANSFER_WITHIN.as_secs()
+            ))
+            .into());
+        }
+        tracing::info!(to, "handed leadership over");
+        Ok(self.status())
+    }
+
+    /// The voter to hand leadership to: `to` if it may take it, else the
+    /// reachable follower whose log matches the most of this one's (the
+    /// lowest id among equals). A node that is unreachable or behind would
+    /// drop the hand-over, and the leader would refuse writes until an
+    /// election: it is refused here instead.
+    fn transfer_target(self, to: Option<NodeId>) -> Result<NodeId, MembershipError> {
+        let voters = self.consensus.voters();
+        let others: Vec<NodeId> = voters
+            .iter()
+            .copied()
+            .filter(|&v| v != self.consensus.id)
+            .collect();
+        if others.is_empty() {
+            return Err(MembershipError::invalid(
+                "to",
+                "this node is the only voter: there is no one to hand leadership to",
+            ));
+        }
+        if let Some(to) = to {
+            if to == self.consensus.id {
+                return Err(MembershipError::invalid(
+                    "to",
+                    format!("node {to} already leads"),
+                ));
+            }
+            if !voters.contains(&to) {
+                return Err(MembershipError::invalid(
+                    "to",
+                    format!("node {to} is not a voter; voters: {others:?}"),
+                ));
+            }
+        }
+        let (matched, last) = {
+            let m = self.consensus.raft.metrics();
+            let m = m.borrow_watched();
+            (
+                m.replication.clone().unwrap_or_default(),
+                m.last_log_index.unwrap_or(0),
+            )
+        };
+        let index = |id: &NodeId| {
+            matched
+                .get(id)
+                .and_then(|m| m.as_ref().map(|l| l.index))
+                .unwrap_or(0)
+        };
+        let ready = |id: &NodeId| {
+            let reachable = self
+                .consensus
+                .heard
+                .since(*id)
+                .is_some_and(|ago| ago <= self.consensus.heard.within);
+            reachable && last.saturating_sub(index(id)) <= CAUGHT_UP_LAG
+        };
+        if let Some(to) = to {
+            if !ready(&to) {
+                return Err(MembershipError::invalid(
+                    "to",
+                    format!(
+                        "node {to} is unreachable or behind (it holds index {} of {last}); see `leasehold cluster status`",
+                        index(&to)
+                    ),
+                ));
+            }
+            return Ok(to);
+        }
+        let best = others
+            .iter()
+            .copied()
+            .filter(ready)
+            .max_by_key(|id| (index(id), std::cmp::Reverse(*id)));
+        best.ok_or_else(|| {
+            MembershipError::invalid(
+                "to",
+                "no follower is reachable and caught up; see `leasehold cluster status`",
+            )
+        })
+    }
+
+    /// Whether this node learned that it was removed from the group.
+    pub fn removed(self) -> bool {
+        self.consensus
+            .removed
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
 
     fn change_error(
-        &self,
+        self,
         e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
     ) -> MembershipError {
         match e {

@@ -3,7 +3,7 @@
 //! - `log_store`: the log on disk, its segments indexed by entry range.
 //! - `disk`: what the log needs of a disk ([`LogDisk`](crate::raft::LogDisk)), and the real one.
 //! - [`snapshot_store`]: where the snapshot is kept (a file, or memory).
-//! - [`format`]: format versions of the data dir, the table's encoding and
+//! - [`format`](mod@format): format versions of the data dir, the table's encoding and
 //!   peer messages.
 //! - [`cluster_id`]: the id of the cluster a data dir belongs to.
 //! - [`dir_lock`]: one process per data dir (an exclusive `flock`).

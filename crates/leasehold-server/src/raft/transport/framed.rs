@@ -60,8 +60,9 @@ use tokio::net::TcpStream;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use super::append_stream::serve_stream;
+use super::peer::PeerEndpoint;
 use super::{AnswerStream, TransportError, CONNECT_TIMEOUT, MAX_MESSAGE};
-use crate::raft::{Consensus, NodeId};
+use crate::raft::NodeId;
 
 /// What a leader opens with, and what a follower that speaks this answers.
 pub const HELLO: &[u8; 8] = b"\x01LHRAF1\n";
@@ -122,13 +123,13 @@ fn answer(answer: Result<Vec<u8>, String>) -> Bytes {
     }
 }
 
-impl Consensus {
+impl PeerEndpoint<'_> {
     /// Serves one framed connection from a leader (its first byte was
     /// HELLO's) until the leader closes it. `hello_within` bounds the wait
     /// for HELLO; a node that needs peer certificates refuses the stream
     /// (it came without TLS).
     pub async fn serve_framed(
-        &self,
+        self,
         mut stream: TcpStream,
         need_certificates: bool,
         hello_within: Duration,
@@ -150,7 +151,12 @@ impl Consensus {
                     .to_string(),
             )
         } else {
-            self.shared.context.cluster.check(cluster, true).err()
+            self.consensus
+                .shared
+                .context
+                .cluster
+                .check(cluster, true)
+                .err()
         };
         if stream.write_all(HELLO).await.is_err() {
             return;
@@ -168,7 +174,7 @@ impl Consensus {
                     .map(|bytes| bytes.to_vec())
                     .map_err(|e| format!("reading an append: {e}"))
             });
-        let served = serve_stream(&self.raft, requests, |_| Ok(()));
+        let served = serve_stream(&self.consensus.raft, requests, |_| Ok(()));
         let _ = served.map(|a| Ok(answer(a))).forward(&mut answers).await;
     }
 }
@@ -335,7 +341,7 @@ mod tests {
 
     use super::*;
     use crate::raft::transport::decode;
-    use crate::raft::{leading_single_node, stale_append, TypeConfig};
+    use crate::raft::{leading_single_node, stale_append, Consensus, TypeConfig};
 
     const WITHIN: Duration = Duration::from_secs(5);
 
@@ -348,6 +354,7 @@ mod tests {
                 let consensus = consensus.clone();
                 tokio::spawn(async move {
                     consensus
+                        .peers()
                         .serve_framed(stream, need_certificates, WITHIN)
                         .await
                 });

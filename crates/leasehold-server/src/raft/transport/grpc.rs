@@ -30,21 +30,22 @@ use crate::tls::{names_node, peer_name, PeerCertificate, PeerFiles, Tls};
 use super::append_stream::serve_stream;
 use super::framed::{self, AbortOnDrop, Opened, Refusals};
 use super::peer::serve;
+use super::peer::PeerEndpoint;
 use super::snapshot_chunks::IncomingSnapshot;
 use super::{AnswerStream, PeerCall, Transport, TransportError, CONNECT_TIMEOUT, MAX_MESSAGE};
 use crate::raft::storage::cluster_id::{self, ClusterId};
-use crate::raft::{Consensus, NodeId, Raft};
+use crate::raft::{NodeId, Raft};
 
-impl Consensus {
+impl PeerEndpoint<'_> {
     /// The gRPC peer service to serve beside the client API; with
     /// `require_certificates`, it answers a Raft call only over a connection
     /// whose peer certificate names the node the call comes from.
-    pub fn peer_service(&self, require_certificates: bool) -> RaftPeerServer<PeerService> {
+    pub fn grpc_service(self, require_certificates: bool) -> RaftPeerServer<PeerService> {
         RaftPeerServer::new(PeerService {
-            raft: self.raft.clone(),
-            incoming: self.incoming.clone(),
-            marks: self.shared.marks.clone(),
-            cluster: self.shared.context.cluster.clone(),
+            raft: self.consensus.raft.clone(),
+            incoming: self.consensus.incoming.clone(),
+            marks: self.consensus.shared.marks.clone(),
+            cluster: self.consensus.shared.context.cluster.clone(),
             require_certificates,
         })
         .max_decoding_message_size(MAX_MESSAGE)
@@ -611,7 +612,7 @@ mod tests {
                 }
             }
         });
-        let service = consensus.peer_service(false);
+        let service = consensus.peers().grpc_service(false);
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(service)

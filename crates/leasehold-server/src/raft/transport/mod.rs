@@ -82,7 +82,7 @@ pub enum PeerCall {
     Vote,
     /// Whether the peer would vote for this node, asked before campaigning.
     PreVote,
-    /// One chunk of a snapshot ([`SnapshotChunk`]).
+    /// One chunk of a snapshot (`snapshot_chunks::SnapshotChunk`).
     Snapshot,
     /// The leader hands leadership to the peer.
     TransferLeader,
@@ -107,7 +107,7 @@ pub enum TransportError {
 }
 
 /// Carries encoded calls to peers. Between processes this is gRPC
-/// ([`GrpcTransport`]); a simulation carries them over its own network.
+/// ([`GrpcTransport`](crate::raft::GrpcTransport)); a simulation carries them over its own network.
 pub trait Transport: Send + Sync + 'static {
     /// Sends `payload` as `call` to node `to` at `addr` and returns its
     /// answer, encoded. The caller bounds how long it waits.

@@ -41,22 +41,45 @@ type AppendAnswers<'s> = openraft::base::BoxStream<
     Result<openraft::raft::StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>,
 >;
 
-impl Consensus {
+/// The server end of Raft's calls between nodes, over this node's Raft
+/// ([`Consensus::peers`]): every transport's server end (gRPC, framed
+/// streams, a simulation's network) answers through it.
+#[derive(Clone, Copy)]
+pub struct PeerEndpoint<'a> {
+    pub(super) consensus: &'a Consensus,
+}
+
+impl PeerEndpoint<'_> {
     /// Answers a call from a peer: the encoded answer, or why the call
     /// could not be served. Every transport's server end calls this.
-    pub async fn serve_peer(&self, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
-        let marks = &self.shared.marks;
-        serve(&self.raft, &self.incoming, marks, call, payload, |_| Ok(())).await
+    pub async fn serve(self, call: PeerCall, payload: &[u8]) -> Result<Vec<u8>, String> {
+        let marks = &self.consensus.shared.marks;
+        serve(
+            &self.consensus.raft,
+            &self.consensus.incoming,
+            marks,
+            call,
+            payload,
+            |_| Ok(()),
+        )
+        .await
     }
 
     /// Serves a stream of appends from a peer (every transport's server
     /// end of [`Transport::append_stream`]): answers in the order of the
     /// requests.
     pub fn serve_append_stream(
-        &self,
+        self,
         requests: futures::stream::BoxStream<'static, Vec<u8>>,
     ) -> futures::stream::BoxStream<'static, Result<Vec<u8>, String>> {
-        serve_stream(&self.raft, requests.map(Ok), |_| Ok(()))
+        serve_stream(&self.consensus.raft, requests.map(Ok), |_| Ok(()))
+    }
+}
+
+impl Consensus {
+    /// The server end of the calls peers make to this node.
+    pub fn peers(&self) -> PeerEndpoint<'_> {
+        PeerEndpoint { consensus: self }
     }
 
     /// Asks node `id` at `addr` about itself; `None` if it does not answer soon.
