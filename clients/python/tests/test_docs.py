@@ -102,3 +102,20 @@ def test_the_pages_python_runs(server, where: str, code: str) -> None:
         assert follows, f"{where} did not finish within 3 s:\n{code}"
     else:
         assert not follows, f"{where} stopped following its stream:\n{code}"
+
+
+def test_every_code_in_the_readmes_table_has_its_own_class() -> None:
+    """The README's table of error codes against the Python client: each
+    code becomes its own exception class, with its code and details."""
+    table = (ROOT / "README.md").read_text().split("| code | HTTP | what happened |", 1)[1]
+    codes = []
+    for row in table.split("\n\n", 1)[0].splitlines()[2:]:
+        codes += re.findall(r"`([a-z_]+)`", row.split("|")[1])
+    assert len(codes) >= 19, codes
+    from leasehold.errors import from_body
+
+    for code in codes:
+        err = from_body(400, {"error": {"code": code, "message": "m", "holder": "h"}})
+        assert type(err) is not leasehold.LeaseholdError, f"{code} has no class of its own"
+        assert isinstance(err, leasehold.LeaseholdError)
+        assert (err.code, err.message, err.holder) == (code, "m", "h")
