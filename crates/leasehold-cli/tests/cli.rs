@@ -1229,7 +1229,8 @@ fn tls_mistakes_name_their_fix() {
     });
 
     // Every command that talks to the server, over whatever protocol it
-    // uses (framed, gRPC, HTTP), says the same of each mistake.
+    // uses (framed, gRPC, HTTP), says the same of each mistake. (`check`
+    // reads a local file, `snapshot status` a backup, `demo` starts its own.)
     let snapshot = dir.path().join("backup.snap");
     let snapshot = path(&snapshot);
     let commands: Vec<Vec<&str>> = vec![
@@ -1243,6 +1244,18 @@ fn tls_mistakes_name_their_fix() {
         vec!["cluster", "status"],
         vec!["snapshot", "save", &snapshot],
         vec!["auth", "status"],
+        vec!["auth", "enable"],
+        vec!["auth", "audit"],
+        vec!["auth", "role", "set", "reader", "--read", ""],
+        vec!["auth", "token", "create", "--role", "reader"],
+        vec!["auth", "token", "revoke", "1"],
+        vec!["auth", "role", "delete", "reader"],
+        vec!["auth", "disable"],
+        vec!["elect", "tls/election", "--value", "me", "--", "true"],
+        vec!["cluster", "add", "9", "127.0.0.1:1"],
+        vec!["cluster", "remove", "9"],
+        vec!["cluster", "transfer-leader"],
+        vec!["bench", "--duration", "1s", "--clients", "1"],
     ];
     let (cert, key) = (path(&stranger.cert), path(&stranger.key));
     let mut wrong = ca_flag.to_vec();

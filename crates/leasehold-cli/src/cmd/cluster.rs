@@ -268,6 +268,9 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<i32> {
 /// `leasehold cluster add ID ADDR`.
 pub async fn add(target: &Target, id: u64, addr: &str) -> anyhow::Result<i32> {
     let body = serde_json::json!({ "id": id, "addr": addr });
+    // The cluster must answer first (a TLS mistake is then the one line
+    // said), before the wait is explained.
+    answer(at_leader(target, |h, a| h.get(format!("{a}/v1/cluster"))).await?)?;
     eprintln!(
         "adding node {id} at {addr}: it joins as a learner, catches up with the leader's log, then votes"
     );

@@ -89,6 +89,8 @@ pub struct Args {
 struct Shared {
     histogram: Mutex<Histogram<u64>>,
     errors: Mutex<BTreeMap<String, u64>>,
+    /// The first error's message, for a run in which nothing succeeded.
+    first_error: Mutex<Option<String>>,
     ops: AtomicU64,
     /// Set when the measured window opens: nothing before it counts.
     measuring: AtomicBool,
@@ -112,6 +114,7 @@ impl Shared {
                 Histogram::new_with_bounds(1, 60_000_000, 3).context("histogram")?,
             ),
             errors: Mutex::new(BTreeMap::new()),
+            first_error: Mutex::new(None),
             ops: AtomicU64::new(0),
             measuring: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -149,6 +152,7 @@ impl Shared {
     /// Counts a failed gRPC call by its status code, and logs the first
     /// message of each code.
     fn status(&self, s: &tonic::Status) {
+        self.note_first(|| s.message().to_string());
         let kind = format!("{:?}", s.code()).to_lowercase();
         if let Ok(mut m) = self.errors.lock() {
             let n = m.entry(kind).or_default();
@@ -159,7 +163,14 @@ impl Shared {
         }
     }
 
+    fn note_first(&self, message: impl FnOnce() -> String) {
+        if let Ok(mut first) = self.first_error.lock() {
+            first.get_or_insert_with(message);
+        }
+    }
+
     fn error(&self, e: &Error) {
+        self.note_first(|| e.to_string());
         let kind = match e {
             Error::Held { .. } => "held",
             Error::LockDelayed { .. } => "lock_delayed",
@@ -237,6 +248,13 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         Workload::Sessions => sessions(&a, &shared, &bar, &mut extra).await?,
         Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
         Workload::Keep => keep(&a, &shared, &bar, &mut extra).await?,
+    }
+    // A run in which every operation failed measured nothing: say why.
+    if shared.ops.load(Ordering::Relaxed) == 0 {
+        if let Some(first) = shared.first_error.lock().ok().and_then(|f| f.clone()) {
+            bar.finish_and_clear();
+            anyhow::bail!("no operation succeeded: {first}");
+        }
     }
     let cpu_before = shared.cpu_since.lock().ok().and_then(|c| *c);
     let measured_from = shared
