@@ -1306,3 +1306,159 @@ fn tls_mistakes_name_their_fix() {
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains(r#""code":"tls_required""#), "{answer}");
 }
+
+/// The README's one-node CLI walkthrough, run line by line against a node,
+/// with its placeholder scripts written here: each command does what the
+/// page says of it.
+#[test]
+fn the_readmes_cli_walkthrough_does_what_it_says() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md");
+    let start = page
+        .find("```sh\ncargo build --release && export PATH")
+        .expect("the walkthrough's block");
+    let block = &page[start + 6..];
+    let block = &block[..block.find("```").expect("the block's end")];
+    let commands: Vec<Vec<String>> = block
+        .lines()
+        .filter(|l| l.starts_with("leasehold "))
+        .map(|l| {
+            let l = l.split("  #").next().unwrap_or(l);
+            l.split_whitespace().skip(1).map(str::to_string).collect()
+        })
+        .collect();
+    let verbs: Vec<&str> = commands.iter().map(|c| c[0].as_str()).collect();
+    assert_eq!(
+        verbs,
+        ["run", "run", "run", "run", "elect", "leader", "acquire", "release", "status", "watch"],
+        "the walkthrough changed: follow it here too"
+    );
+
+    let server = Leaseholdd::start();
+    let dir = tmp();
+    // Each script notes the key and token it was given, as `run` promises.
+    let script = |name: &str, body: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write script");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        path.display().to_string()
+    };
+    let noted = dir.path().join("noted");
+    let note = format!(
+        "echo \"$LEASEHOLD_KEY $LEASEHOLD_FENCE\" >> {}",
+        noted.display()
+    );
+    let scripts = [
+        ("./report.sh", script("report.sh", &note)),
+        ("./sync.sh", script("sync.sh", &note)),
+        ("./read-catalog.sh", script("read-catalog.sh", &note)),
+        ("./scheduler", script("scheduler", "exec sleep 60")),
+    ];
+    let args = |c: &[String]| -> Vec<String> {
+        c.iter()
+            .map(|a| {
+                scripts
+                    .iter()
+                    .find(|(from, _)| a == from)
+                    .map_or(a.clone(), |(_, to)| to.clone())
+            })
+            .collect()
+    };
+    let spawn = |c: &[String]| {
+        leasehold(&server)
+            .args(args(c))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn leasehold")
+    };
+
+    // The four `run`s: each runs its command with its key and a token.
+    for c in &commands[..4] {
+        let out = leasehold(&server).args(args(c)).output().expect("run");
+        assert!(out.status.success(), "{c:?}: {out:?}");
+    }
+    let noted = std::fs::read_to_string(&noted).expect("the scripts ran");
+    let keys: Vec<&str> = noted.lines().filter_map(|l| l.split(' ').next()).collect();
+    assert_eq!(
+        keys,
+        ["nightly-report", "nightly-report", "partner-api", "catalog"]
+    );
+    assert!(noted.lines().all(|l| l
+        .split(' ')
+        .nth(1)
+        .is_some_and(|f| f.parse::<u64>().is_ok())));
+
+    // `elect` runs its command while leading; `leader` shows its value.
+    let mut elected = spawn(&commands[4]);
+    wait_until(Duration::from_secs(10), "the candidate to lead", || {
+        let out = leasehold(&server)
+            .args(&commands[5])
+            .output()
+            .expect("leader");
+        String::from_utf8_lossy(&out.stdout).contains("node-3")
+    });
+
+    // `acquire` prints the token and holds; a release by another token is
+    // refused and changes nothing; `status` shows the key held.
+    let mut held = spawn(&commands[6]);
+    let fence: u64 = first_line(&mut held).trim().parse().expect("a token");
+    assert_ne!(fence, 12, "the page's token would release it");
+    let refused = leasehold(&server)
+        .args(&commands[7])
+        .output()
+        .expect("release");
+    assert!(!refused.status.success(), "{refused:?}");
+    let status = leasehold(&server)
+        .args(&commands[8])
+        .output()
+        .expect("status");
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("deploy"),
+        "{status:?}"
+    );
+    // Someone else: exit 75, and stderr says who holds it.
+    let other = run(&server, &["run", "deploy", "--ttl", "30s", "--", "true"]);
+    assert_eq!(other.status.code(), Some(75), "{other:?}");
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("held"),
+        "{other:?}"
+    );
+    // No such command: 127, as env(1) says.
+    let missing = run(&server, &["run", "nothing-here", "--", "/no/such/command"]);
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+
+    // `watch jobs/` sees a lock under jobs/ taken and given back.
+    let mut watching = spawn(&commands[9]);
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(
+        watching.stdout.take().expect("piped stdout"),
+    ));
+    std::thread::sleep(Duration::from_millis(500));
+    let job = run(&server, &["run", "jobs/nightly", "--", "true"]);
+    assert!(job.status.success(), "{job:?}");
+    let seen = lines
+        .find(|l| l.as_ref().is_ok_and(|l| l.contains("jobs/nightly")))
+        .and_then(Result::ok)
+        .expect("the watch saw jobs/nightly");
+    assert!(
+        seen.contains("acquired") || seen.contains("released"),
+        "{seen}"
+    );
+
+    // ctrl-c ends `acquire`: the key is released.
+    unsafe { libc::kill(held.id() as i32, libc::SIGINT) };
+    assert!(held.wait().expect("acquire ends").success());
+    let status = leasehold(&server)
+        .args(&commands[8])
+        .output()
+        .expect("status");
+    assert!(
+        !String::from_utf8_lossy(&status.stdout).contains("deploy"),
+        "{status:?}"
+    );
+    for child in [&mut elected, &mut watching] {
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+    }
+}
