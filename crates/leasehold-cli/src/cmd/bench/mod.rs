@@ -91,6 +91,8 @@ struct Shared {
     errors: Mutex<BTreeMap<String, u64>>,
     /// The first error's message, for a run in which nothing succeeded.
     first_error: Mutex<Option<String>>,
+    /// Whether any call succeeded, setup included, in or out of the window.
+    succeeded: AtomicBool,
     ops: AtomicU64,
     /// Set when the measured window opens: nothing before it counts.
     measuring: AtomicBool,
@@ -115,6 +117,7 @@ impl Shared {
             ),
             errors: Mutex::new(BTreeMap::new()),
             first_error: Mutex::new(None),
+            succeeded: AtomicBool::new(false),
             ops: AtomicU64::new(0),
             measuring: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -136,6 +139,7 @@ impl Shared {
     /// Counts one operation that took `micros`, if it ended inside the
     /// measured window.
     fn done(&self, local: &mut Histogram<u64>, micros: u64) {
+        self.succeeded();
         if self.measuring.load(Ordering::Relaxed) && !self.stop.load(Ordering::Relaxed) {
             let _ = local.record(micros.max(1));
             self.ops.fetch_add(1, Ordering::Relaxed);
@@ -161,6 +165,11 @@ impl Shared {
             }
             *n += 1;
         }
+    }
+
+    /// Notes that a call succeeded (a grant or an acquire in a setup, say).
+    fn succeeded(&self) {
+        self.succeeded.store(true, Ordering::Relaxed);
     }
 
     fn note_first(&self, message: impl FnOnce() -> String) {
@@ -249,11 +258,12 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
         Workload::Keep => keep(&a, &shared, &bar, &mut extra).await?,
     }
-    // A run in which every operation failed measured nothing: say why.
-    if shared.ops.load(Ordering::Relaxed) == 0 {
+    // A run in which every call failed (a TLS mistake, a wrong endpoint)
+    // measured nothing: say why.
+    if !shared.succeeded.load(Ordering::Relaxed) {
         if let Some(first) = shared.first_error.lock().ok().and_then(|f| f.clone()) {
             bar.finish_and_clear();
-            anyhow::bail!("no operation succeeded: {first}");
+            anyhow::bail!("no call succeeded: {first}");
         }
     }
     let cpu_before = shared.cpu_since.lock().ok().and_then(|c| *c);
