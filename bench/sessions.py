@@ -76,18 +76,21 @@ def run(nodes, sessions, connections, ttl, seconds):
             [f.CLI, "--endpoint", endpoint, "bench", "--workload", "sessions", "--keys", str(sessions),
              "--clients", str(connections), "--ttl", f"{ttl}s", "--duration", f"{seconds}s", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # Every node's CPU time, sampled while the bench runs: the window
-        # is its last `seconds`.
+        # Every node's CPU time, sampled while the bench runs; the bench
+        # reports its measured window, and the samples nearest its ends
+        # give each node's share of a core over it.
         samples = []
         while bench.poll() is None:
-            samples.append((time.monotonic(), [cpu_seconds(p) for p in pids], [rss(p) for p in pids]))
-            time.sleep(0.25)
+            samples.append((time.time(), [cpu_seconds(p) for p in pids], [rss(p) for p in pids]))
+            time.sleep(0.1)
         stdout, stderr = bench.communicate()
         if bench.returncode != 0:
             raise SystemExit(f"bench failed: {stderr.strip()[-500:]}")
         out = json.loads(stdout.strip().splitlines()[-1])
-        end, cpu_end, rss_end = samples[-1]
-        begin, cpu_begin, _ = min(samples, key=lambda s: abs(s[0] - (end - seconds)))
+        start, stop_ = out.get("window_unix", [samples[-1][0] - seconds, samples[-1][0]])
+        begin, cpu_begin, _ = min(samples, key=lambda s: abs(s[0] - start))
+        end, cpu_end, _ = min(samples, key=lambda s: abs(s[0] - stop_))
+        rss_end = samples[-1][2]
         out["node_cpu_share"] = [(b - a) / max(end - begin, 1e-9) for a, b in zip(cpu_begin, cpu_end)]
         out["node_rss_bytes"] = rss_end
         out["node_rss_growth_bytes"] = [a - b for a, b in zip(rss_end, rss_before)]
@@ -98,7 +101,7 @@ def run(nodes, sessions, connections, ttl, seconds):
 
 
 def line(nodes, out):
-    n = out["sessions"]
+    n = out.get("sessions_granted", out["sessions"])
     per = 100_000 / n
     lat = out["latency_ms"]
     rss_mib = ", ".join(f"{b / 2**20:.0f}" for b in out["node_rss_bytes"])
@@ -107,7 +110,8 @@ def line(nodes, out):
     return (f"{nodes} node(s), {n:,} sessions over {out['connections']:,} connection(s): "
             f"renewals due {out['renewals_due_per_sec']:,.0f}/s, done {out['renewals_done_per_sec']:,.0f}/s; "
             f"from due: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms; "
-            f"lost {out['sessions_lost']}, not sent {out['renewals_not_sent']}; "
+            f"lost {out['sessions_lost']} (locks {out['renewals_without_their_lock']}), "
+            f"not sent {out['renewals_not_sent']}; "
             f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k); "
             f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k); "
             f"granting {out['grant_seconds']:.1f} s")

@@ -27,7 +27,7 @@
 //!   https://" and knows nothing was done. Refused connections and failed
 //!   handshakes are logged at WARN, at most once per [`REFUSALS_EVERY`].
 //!
-//! - [`limits`]: the connection cap and the timeouts ([`Limits`]).
+//! - `limits`: the connection cap and the timeouts ([`Limits`]).
 //! - `refusals`: plaintext refused on a TLS-only port, and the log lines.
 //! - `http`: HTTP/1.1 and HTTP/2 on a connection, idle tracking, pings.
 //! - `json_errors`: hyper's own parse-error answers given a JSON body.
@@ -35,7 +35,7 @@
 
 mod http;
 mod json_errors;
-pub mod limits;
+mod limits;
 mod prefixed;
 mod refusals;
 

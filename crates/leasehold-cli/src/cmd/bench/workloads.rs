@@ -128,6 +128,7 @@ pub(super) async fn contended(
             while !shared.stop.load(Ordering::Relaxed) {
                 match client.acquire(&key, opts.clone()).await {
                     Ok(lease) => {
+                        shared.succeeded();
                         let granted = origin.elapsed().as_micros() as u64;
                         let from = released_at.swap(u64::MAX, Ordering::SeqCst);
                         if from != u64::MAX && granted >= from {
@@ -181,7 +182,10 @@ pub(super) async fn keep(
                     .try_acquire(&format!("bench/keep/{run:x}/{i}/{j}"), opts.clone())
                     .await
                 {
-                    Ok(lease) => leases.push(lease),
+                    Ok(lease) => {
+                        shared.succeeded();
+                        leases.push(lease);
+                    }
                     Err(e) => shared.error(&e),
                 }
             }
@@ -294,7 +298,10 @@ pub(super) async fn renew(a: &Args, shared: &Arc<Shared>, bar: &ProgressBar) -> 
                     request_id: 0,
                 };
                 match c.grant(grant).await {
-                    Ok(answer) => leases.push(answer.into_inner().lease_id),
+                    Ok(answer) => {
+                        shared.succeeded();
+                        leases.push(answer.into_inner().lease_id);
+                    }
                     Err(s) => shared.error(&Error::Other(s.message().to_string())),
                 }
             }
@@ -411,28 +418,66 @@ pub(super) async fn hold(
     Ok(())
 }
 
-/// How often a `sessions` connection looks for renewals that are due.
-const SESSION_TICK: Duration = Duration::from_millis(2);
+/// Renewals sent and not yet answered, over all of a `sessions` run's
+/// connections: past it a renewal is not sent (`renewals_not_sent`), so a
+/// load generator that falls behind says so instead of piling up calls.
+const MAX_IN_FLIGHT: usize = 50_000;
 
-/// Renewals one `sessions` connection lets wait for answers at once.
-const MAX_IN_FLIGHT: usize = 20_000;
+/// The longest a `sessions` connection sleeps between looks at its
+/// schedule when nothing wakes it sooner.
+const SESSION_NAP: Duration = Duration::from_millis(100);
 
 /// What `sessions` counts beside the shared figures.
 #[derive(Default)]
 struct SessionCounts {
+    /// Sessions granted (with their lock taken, or tried).
+    granted: AtomicU64,
     /// Renewals whose due time fell inside the measured window.
     due: AtomicU64,
     /// Sessions the server had ended (`lease_expired`, `lease_not_found`)
     /// when they renewed on schedule.
     lost: AtomicU64,
-    /// Renewals not sent at all: the connection already had
-    /// `MAX_IN_FLIGHT` waiting for answers, so the server was falling behind.
+    /// Renewals answered with a lease that no longer holds its lock.
+    without_lock: AtomicU64,
+    /// Renewals not sent: `MAX_IN_FLIGHT` were waiting for answers.
     skipped: AtomicU64,
 }
 
-/// One connection's sessions, by the time their next renewal is due.
-type Schedule =
-    std::sync::Mutex<std::collections::BinaryHeap<std::cmp::Reverse<(tokio::time::Instant, u64)>>>;
+/// One connection's sessions by the time their next renewal is due, and
+/// a wake-up for its sender when one goes back in.
+#[derive(Default)]
+struct Schedule {
+    due: std::sync::Mutex<
+        std::collections::BinaryHeap<std::cmp::Reverse<(tokio::time::Instant, u64)>>,
+    >,
+    changed: tokio::sync::Notify,
+}
+
+impl Schedule {
+    fn push(&self, due: tokio::time::Instant, lease: u64) {
+        if let Ok(mut heap) = self.due.lock() {
+            heap.push(std::cmp::Reverse((due, lease)));
+        }
+        self.changed.notify_one();
+    }
+
+    /// The next renewal due by `now`, or when the next one is due.
+    fn next(
+        &self,
+        now: tokio::time::Instant,
+    ) -> Result<(tokio::time::Instant, u64), Option<tokio::time::Instant>> {
+        let Ok(mut heap) = self.due.lock() else {
+            return Err(None);
+        };
+        match heap.peek() {
+            Some(std::cmp::Reverse((due, _))) if *due <= now => {
+                heap.pop().map(|std::cmp::Reverse(next)| next).ok_or(None)
+            }
+            Some(std::cmp::Reverse((due, _))) => Err(Some(*due)),
+            None => Err(None),
+        }
+    }
+}
 
 /// Whether a failed renewal says the session is gone.
 fn session_ended(s: &tonic::Status) -> bool {
@@ -451,7 +496,8 @@ fn session_ended(s: &tonic::Status) -> bool {
 /// share its client's connection); with `--clients` equal to `--keys`, each
 /// session has a connection of its own. A renewal's latency runs from when
 /// it was due to its answer, so a server that falls behind shows it, not
-/// only the time on the wire. The window opens once every session is granted.
+/// only the time on the wire. The window opens once every session is
+/// granted; a call waits at most a TTL for its answer.
 pub(super) async fn sessions(
     a: &Args,
     shared: &Arc<Shared>,
@@ -460,28 +506,30 @@ pub(super) async fn sessions(
 ) -> anyhow::Result<()> {
     let total = a.keys.max(1);
     let connections = (a.clients.max(1) as u64).min(total);
-    let ttl_ms = a.ttl.as_millis() as u64;
+    let (ttl, ttl_ms) = (a.ttl, a.ttl.as_millis() as u64);
     let period = a.ttl / 3;
     let rss_before = a.server_pid.and_then(rss_bytes);
     let prefix = format!("bench/sessions/{:x}", rand::random::<u32>());
     // Connections still granting their sessions.
     let granting = Arc::new(AtomicU64::new(connections));
     let counts = Arc::new(SessionCounts::default());
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     bar.set_message("granting");
     let mut tasks = Vec::new();
     for c in 0..connections {
         let client = grpc(a).await?;
         let schedule = Arc::new(Schedule::default());
         // Grants this connection's share (session g when g % connections
-        // == c), each with its lock, while the renewer below keeps the ones
+        // == c), each with its lock, while the sender below keeps the ones
         // granted so far alive.
         let granter = {
-            let (mut client, shared, schedule, prefix, granting) = (
+            let (mut client, shared, schedule, prefix, granting, counts) = (
                 client.clone(),
                 shared.clone(),
                 schedule.clone(),
                 prefix.clone(),
                 granting.clone(),
+                counts.clone(),
             );
             tokio::spawn(async move {
                 for g in (c..total).step_by(connections as usize) {
@@ -491,93 +539,103 @@ pub(super) async fn sessions(
                         request_id: 0,
                     };
                     let sent = tokio::time::Instant::now();
-                    let lease = match client.grant(grant).await {
-                        Ok(answer) => answer.into_inner().lease_id,
-                        Err(s) => {
+                    let lease = match tokio::time::timeout(ttl, client.grant(grant)).await {
+                        Ok(Ok(answer)) => {
+                            shared.succeeded();
+                            answer.into_inner().lease_id
+                        }
+                        Ok(Err(s)) => {
                             shared.status(&s);
                             continue;
                         }
+                        Err(_) => {
+                            shared.status(&tonic::Status::deadline_exceeded(
+                                "grant: no answer within the TTL",
+                            ));
+                            continue;
+                        }
                     };
-                    if let Ok(mut due) = schedule.lock() {
-                        due.push(std::cmp::Reverse((sent + period, lease)));
-                    }
+                    counts.granted.fetch_add(1, Ordering::Relaxed);
+                    schedule.push(sent + period, lease);
                     let lock = pb::AcquireRequest {
                         lease_id: lease,
                         key: format!("{prefix}/{g}"),
                         ..Default::default()
                     };
-                    if let Err(s) = client.acquire(lock).await {
-                        shared.status(&s);
+                    match tokio::time::timeout(ttl, client.acquire(lock)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(s)) => shared.status(&s),
+                        Err(_) => shared.status(&tonic::Status::deadline_exceeded(
+                            "acquire: no answer within the TTL",
+                        )),
                     }
                 }
                 granting.fetch_sub(1, Ordering::SeqCst);
             })
         };
-        let (shared, counts) = (shared.clone(), counts.clone());
+        let (shared, counts, in_flight) = (shared.clone(), counts.clone(), in_flight.clone());
         tasks.push(tokio::spawn(async move {
-            let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
             let local = Arc::new(std::sync::Mutex::new(
                 Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
             ));
             while !shared.stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(SESSION_TICK).await;
                 let now = tokio::time::Instant::now();
-                loop {
-                    // Every renewal due by now, in due order; each goes back
-                    // in, due a period after it was due.
-                    let next = {
-                        let Ok(mut heap) = schedule.lock() else { break };
-                        match heap.peek() {
-                            Some(std::cmp::Reverse((due, _))) if *due <= now => heap.pop(),
-                            _ => None,
-                        }
-                    };
-                    let Some(std::cmp::Reverse((due, lease))) = next else {
-                        break;
-                    };
-                    if shared.measuring.load(Ordering::Relaxed) {
-                        counts.due.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-                        counts.skipped.fetch_add(1, Ordering::Relaxed);
-                        if let Ok(mut heap) = schedule.lock() {
-                            heap.push(std::cmp::Reverse((due + period, lease)));
+                // Every renewal due by now, in due order; each goes back in,
+                // due a period after it was due.
+                let (due, lease) = match schedule.next(now) {
+                    Ok(next) => next,
+                    Err(wake) => {
+                        let wake = wake.unwrap_or(now + SESSION_NAP).min(now + SESSION_NAP);
+                        tokio::select! {
+                            () = tokio::time::sleep_until(wake) => {}
+                            () = schedule.changed.notified() => {}
                         }
                         continue;
-                    };
-                    let (mut client, shared, counts, local, schedule) = (
-                        client.clone(),
-                        shared.clone(),
-                        counts.clone(),
-                        local.clone(),
-                        schedule.clone(),
-                    );
-                    tokio::spawn(async move {
-                        let answer = client
-                            .keep_alive(pb::KeepAliveRequest { lease_id: lease })
-                            .await;
-                        drop(permit);
-                        match answer {
-                            Ok(_) => {
-                                if let Ok(mut local) = local.lock() {
-                                    shared.done(&mut local, due.elapsed().as_micros() as u64);
-                                }
-                            }
-                            Err(s) if session_ended(&s) => {
-                                counts.lost.fetch_add(1, Ordering::Relaxed);
-                                return;
-                            }
-                            Err(s) => shared.status(&s),
-                        }
-                        if let Ok(mut heap) = schedule.lock() {
-                            heap.push(std::cmp::Reverse((due + period, lease)));
-                        }
-                    });
+                    }
+                };
+                if shared.measuring.load(Ordering::Relaxed) {
+                    counts.due.fetch_add(1, Ordering::Relaxed);
                 }
+                let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                    counts.skipped.fetch_add(1, Ordering::Relaxed);
+                    schedule.push(due + period, lease);
+                    continue;
+                };
+                let (mut client, shared, counts, local, schedule) = (
+                    client.clone(),
+                    shared.clone(),
+                    counts.clone(),
+                    local.clone(),
+                    schedule.clone(),
+                );
+                tokio::spawn(async move {
+                    let call = client.keep_alive(pb::KeepAliveRequest { lease_id: lease });
+                    let answer = tokio::time::timeout(ttl, call).await;
+                    drop(permit);
+                    match answer {
+                        Ok(Ok(answer)) => {
+                            if answer.into_inner().key_count == Some(0) {
+                                counts.without_lock.fetch_add(1, Ordering::Relaxed);
+                            }
+                            if let Ok(mut local) = local.lock() {
+                                shared.done(&mut local, due.elapsed().as_micros() as u64);
+                            }
+                        }
+                        Ok(Err(s)) if session_ended(&s) => {
+                            counts.lost.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
+                        Ok(Err(s)) => shared.status(&s),
+                        Err(_) => shared.status(&tonic::Status::deadline_exceeded(
+                            "renewal: no answer within the TTL",
+                        )),
+                    }
+                    schedule.push(due + period, lease);
+                });
             }
             granter.abort();
-            // Answers still on their way count if they end inside the window.
-            let _ = in_flight.acquire_many(MAX_IN_FLIGHT as u32).await;
+            // Answers still on their way end after the window: they do not
+            // count (see `Shared::done`), so nothing waits for them.
             let mut local = match local.lock() {
                 Ok(local) => local.clone(),
                 Err(poisoned) => poisoned.into_inner().clone(),
@@ -593,10 +651,33 @@ pub(super) async fn sessions(
     let rss_after = a.server_pid.and_then(rss_bytes);
     bar.set_message("renewing");
     run_then_join(a.duration, shared, bar, tasks).await?;
-    let seconds = a.duration.as_secs_f64();
+    // The window as it was, for rates and for a caller that samples the
+    // server's CPU itself (bench/sessions.py): in seconds since the epoch.
+    let since = shared.measuring_since.lock().ok().and_then(|s| *s);
+    let until = shared
+        .measured_until
+        .lock()
+        .ok()
+        .and_then(|u| *u)
+        .map(|(t, _)| t);
+    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+    let unix = |t: Instant| {
+        wall.checked_sub(now.duration_since(t))
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0.0, |d| d.as_secs_f64())
+    };
+    let seconds = match (since, until) {
+        (Some(since), Some(until)) => {
+            extra.insert("window_unix".into(), json!([unix(since), unix(until)]));
+            until.duration_since(since).as_secs_f64()
+        }
+        _ => a.duration.as_secs_f64(),
+    };
+    let granted = counts.granted.load(Ordering::Relaxed);
     let done = shared.ops.load(Ordering::Relaxed);
     let due = counts.due.load(Ordering::Relaxed);
     extra.insert("sessions".into(), json!(total));
+    extra.insert("sessions_granted".into(), json!(granted));
     extra.insert("connections".into(), json!(connections));
     extra.insert("grant_seconds".into(), json!(grant_seconds));
     extra.insert("renewals_due_per_sec".into(), json!(due as f64 / seconds));
@@ -606,13 +687,17 @@ pub(super) async fn sessions(
         json!(counts.lost.load(Ordering::Relaxed)),
     );
     extra.insert(
+        "renewals_without_their_lock".into(),
+        json!(counts.without_lock.load(Ordering::Relaxed)),
+    );
+    extra.insert(
         "renewals_not_sent".into(),
         json!(counts.skipped.load(Ordering::Relaxed)),
     );
     if let (Some(before), Some(after)) = (rss_before, rss_after) {
         extra.insert(
             "server_rss_bytes_per_session".into(),
-            json!(after.saturating_sub(before) as f64 / total as f64),
+            json!(after.saturating_sub(before) as f64 / granted.max(1) as f64),
         );
     }
     Ok(())

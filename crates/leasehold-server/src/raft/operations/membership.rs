@@ -452,7 +452,7 @@ impl Membership<'_> {
                 format!("{addr:?} is not host:port"),
             ));
         }
-        // One address, one node: a node listed twice would call itself.consensus.
+        // One address, one node: a node listed twice would call itself.
         let m = self.consensus.raft.metrics().borrow_watched().clone();
         let taken = m
             .membership_config

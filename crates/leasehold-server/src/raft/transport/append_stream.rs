@@ -46,7 +46,7 @@ use crate::raft::{LogId, NodeId, Raft, TypeConfig};
 /// Appends sent to one follower and not yet answered, at most.
 pub(in crate::raft) const APPENDS_IN_FLIGHT: usize = 16;
 /// A stream that sends nothing yet must be open within this long (as long
-/// as a connection may take: `peer::CONNECT_TIMEOUT`).
+/// as a connection may take: `transport::CONNECT_TIMEOUT`).
 const OPEN_WITHIN: Duration = Duration::from_millis(500);
 /// An append with no entries waits at most this long for one that can carry
 /// it. A follower learns of a commit this much later when nothing follows;
