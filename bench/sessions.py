@@ -87,9 +87,9 @@ def run(nodes, sessions, connections, ttl, seconds):
         if bench.returncode != 0:
             raise SystemExit(f"bench failed: {stderr.strip()[-500:]}")
         out = json.loads(stdout.strip().splitlines()[-1])
-        start, stop_ = out.get("window_unix", [samples[-1][0] - seconds, samples[-1][0]])
-        begin, cpu_begin, _ = min(samples, key=lambda s: abs(s[0] - start))
-        end, cpu_end, _ = min(samples, key=lambda s: abs(s[0] - stop_))
+        opened, closed = out.get("window_unix", [samples[-1][0] - seconds, samples[-1][0]])
+        begin, cpu_begin, _ = min(samples, key=lambda s: abs(s[0] - opened))
+        end, cpu_end, _ = min(samples, key=lambda s: abs(s[0] - closed))
         rss_end = samples[-1][2]
         out["node_cpu_share"] = [(b - a) / max(end - begin, 1e-9) for a, b in zip(cpu_begin, cpu_end)]
         out["node_rss_bytes"] = rss_end
