@@ -145,10 +145,21 @@ func (l *Lease) lose(reason string) {
 }
 
 func (l *Lease) loseLocked(reason string) {
+	l.endLocked(&Error{Code: "lease_lost", Message: fmt.Sprintf("lease on %q lost: %s", l.key, reason)})
+}
+
+// end ends the lease with err, once: Done closes and Context is cancelled.
+func (l *Lease) end(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.endLocked(err)
+}
+
+func (l *Lease) endLocked(err error) {
 	if l.err != nil {
 		return
 	}
-	l.err = &Error{Code: "lease_lost", Message: fmt.Sprintf("lease on %q lost: %s", l.key, reason)}
+	l.err = err
 	close(l.done)
 	l.cancel()
 }
@@ -320,13 +331,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if err != nil && !errors.Is(err, ErrLeaseExpired) && !errors.Is(err, ErrLeaseNotFound) && firstErr == nil {
 		firstErr = err
 	}
-	l.mu.Lock()
-	if l.err == nil {
-		l.err = ErrReleased
-		close(l.done)
-		l.cancel()
-	}
-	l.mu.Unlock()
+	l.end(ErrReleased)
 	if firstErr != nil {
 		return firstErr
 	}
@@ -471,13 +476,7 @@ func (c *Client) acquire(ctx context.Context, key string, keys []string, o LockO
 		cleanup, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_ = c.do(cleanup, call{method: "DELETE", path: fmt.Sprintf("/v1/leases/%d", l.id), retryFor: time.Second}, nil)
 		cancel()
-		l.mu.Lock()
-		if l.err == nil {
-			l.err = ErrReleased
-			close(l.done)
-			l.cancel()
-		}
-		l.mu.Unlock()
+		l.end(ErrReleased)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}

@@ -264,14 +264,18 @@ impl Ctx<'_> {
         }
     }
 
+    /// What the scenario says of `client` (endpoints, token, ...).
+    fn client_options(&self, client: &str) -> Value {
+        self.scenario
+            .clients
+            .get(client)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     fn adapter(&mut self, client: &str) -> Result<&mut Adapter, String> {
         if !self.adapters.contains_key(client) {
-            let options = self
-                .scenario
-                .clients
-                .get(client)
-                .cloned()
-                .unwrap_or_default();
+            let options = self.client_options(client);
             let endpoints = self.endpoints_for(&options)?;
             let token = match options.get("token") {
                 Some(t) => Some(
@@ -590,12 +594,7 @@ impl Ctx<'_> {
             }
             "kill_first_endpoint" => {
                 let client = text(&step, "of")?;
-                let options = self
-                    .scenario
-                    .clients
-                    .get(client)
-                    .cloned()
-                    .unwrap_or_default();
+                let options = self.client_options(client);
                 let endpoints = self.endpoints_for(&options)?;
                 let first = endpoints
                     .trim_start_matches("http://")
