@@ -23,6 +23,8 @@ pub const MAX_CHECKPOINT_LEN: usize = 64 * 1024;
 pub const MAX_PERMITS: u32 = 10_000;
 /// Most keys in one lock set.
 pub const MAX_SET_KEYS: usize = 64;
+/// Most leases renewed by one call (`KeepAliveMany`).
+pub const MAX_RENEWALS_PER_CALL: usize = 4096;
 
 /// Checks a lock key: 1..=512 bytes of UTF-8 with no control characters.
 pub fn validate_key(key: &str) -> Result<(), LockError> {

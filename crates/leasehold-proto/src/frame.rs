@@ -57,6 +57,9 @@ pub enum Op {
     /// does not. A bad token is refused (`unauthenticated`) and leaves the
     /// connection as it was.
     Authenticate = 7,
+    /// `KeepAliveMany`. A server from before it answers `invalid_argument`
+    /// (unknown operation 8): renew one lease per call there.
+    KeepAliveMany = 8,
 }
 
 impl TryFrom<u8> for Op {
@@ -71,6 +74,7 @@ impl TryFrom<u8> for Op {
             5 => Op::Release,
             6 => Op::SaveCheckpoint,
             7 => Op::Authenticate,
+            8 => Op::KeepAliveMany,
             other => return Err(other),
         })
     }

@@ -181,6 +181,25 @@ async fn a_token_touches_and_sees_only_its_prefixes() {
     assert_eq!(refused.code(), tonic::Code::PermissionDenied);
     assert_eq!(code(&refused), "permission_denied");
 
+    // Renewals in one call are checked one by one: its own lease is
+    // renewed, root's is refused as a call of its own would be.
+    let (own, others) = (mine["lease"].as_u64().expect("lease"), lease);
+    let alone = watcher
+        .keep_alive(pb::KeepAliveRequest { lease_id: others })
+        .await
+        .expect_err("another token's lease");
+    let together = watcher
+        .keep_alive_many(pb::KeepAliveManyRequest {
+            lease_ids: vec![own, others],
+        })
+        .await
+        .expect("renewals")
+        .into_inner()
+        .renewals;
+    assert!(together[0].renewed.is_some(), "{together:?}");
+    let refused = together[1].error.as_ref().expect("refused");
+    assert_eq!(refused.code, code(&alone), "{together:?}");
+
     // Root may revoke the jobs token's lease: an admin act, in the audit log.
     let path = format!("/v1/leases/{}", mine["lease"]);
     let (status, body) = call("DELETE", addr, &path, Some(&root), None).await;

@@ -520,6 +520,7 @@ async fn frames_reject_bad_input_with_typed_errors() {
         Op::Acquire,
         Op::Release,
         Op::SaveCheckpoint,
+        Op::KeepAliveMany,
     ];
     // Not protobuf, for every operation (ids 11..).
     let mut cases: Vec<(&str, Frame)> = ops
@@ -566,6 +567,16 @@ async fn frames_reject_bad_input_with_typed_errors() {
                 },
             ),
         ),
+        (
+            "more leases than one call renews",
+            Frame::new(
+                6,
+                Op::KeepAliveMany as u8,
+                &pb::KeepAliveManyRequest {
+                    lease_ids: (1..=4097).collect(),
+                },
+            ),
+        ),
     ]);
     let n = cases.len();
     f.send(cases.iter().map(|(_, frame)| frame.clone()).collect())
@@ -576,6 +587,10 @@ async fn frames_reject_bad_input_with_typed_errors() {
         assert_eq!(e.code, "invalid_argument", "{what}: {e:?}");
         assert!(!e.message.is_empty(), "{what}");
     }
+    // The Rust client knows a server from before an operation by these
+    // words, and then renews one lease per call.
+    let unknown = common::frame_error(&replies[&2]);
+    assert!(unknown.message.starts_with("invalid op:"), "{unknown:?}");
     // A stale release is refused with both tokens.
     let stale = pb::ReleaseRequest {
         key: "held".into(),

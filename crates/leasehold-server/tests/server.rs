@@ -166,6 +166,85 @@ async fn expiry_frees_the_lock_and_grants_the_next_waiter() {
 }
 
 #[tokio::test]
+async fn one_call_renews_many_leases_and_answers_each_on_its_own() {
+    use leasehold_proto::frame::{Frame, Op};
+    let server = Leaseholdd::start();
+    let mut c = common::grpc(&server).await;
+    let short = common::lease(&mut c, 300, "short").await;
+    let holding = common::lease(&mut c, 10_000, "holding").await;
+    c.acquire(acquire(holding, "k", 0)).await.unwrap();
+    let bare = common::lease(&mut c, 10_000, "bare").await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // In the order asked, a lease named twice answered twice; the expired
+    // one and one never granted each get their own code.
+    let asked = vec![holding, short, bare, 999_999, holding];
+    let answer = c
+        .keep_alive_many(pb::KeepAliveManyRequest {
+            lease_ids: asked.clone(),
+        })
+        .await
+        .expect("a call of many renewals")
+        .into_inner();
+    let ids: Vec<u64> = answer.renewals.iter().map(|r| r.lease_id).collect();
+    assert_eq!(ids, asked);
+    let outcome = |i: usize| {
+        let r = &answer.renewals[i];
+        match (&r.renewed, &r.error) {
+            (Some(renewed), None) => Ok((renewed.ttl_ms, renewed.key_count)),
+            (None, Some(e)) => Err(e.code.clone()),
+            other => panic!("lease {}: {other:?}", r.lease_id),
+        }
+    };
+    assert_eq!(outcome(0), Ok((10_000, Some(1))));
+    assert_eq!(outcome(1), Err("lease_expired".into()));
+    assert_eq!(outcome(2), Ok((10_000, Some(0))));
+    assert_eq!(outcome(3), Err("lease_not_found".into()));
+    assert_eq!(outcome(4), outcome(0));
+
+    // Nothing asked, nothing answered.
+    let none = c
+        .keep_alive_many(pb::KeepAliveManyRequest { lease_ids: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(none.renewals.is_empty());
+
+    // The framed protocol answers the same call alike.
+    let mut f = common::RawFrames::connect(&server).await;
+    let request = pb::KeepAliveManyRequest {
+        lease_ids: vec![bare, short],
+    };
+    f.send(vec![Frame::new(1, Op::KeepAliveMany as u8, &request)])
+        .await;
+    let replies = f.replies(1).await;
+    let framed = common::frame_ok::<pb::KeepAliveManyResponse>(&replies[&1]);
+    assert_eq!(framed.renewals.len(), 2);
+    assert_eq!(framed.renewals[0].renewed.map(|r| r.ttl_ms), Some(10_000));
+    assert_eq!(
+        framed.renewals[1].error.as_ref().map(|e| e.code.as_str()),
+        Some("lease_expired")
+    );
+
+    // The renewals are real: past the TTL the leases renewed with the
+    // others are alive, and the lock is still held.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(4_000)).await;
+        c.keep_alive_many(pb::KeepAliveManyRequest {
+            lease_ids: vec![holding, bare],
+        })
+        .await
+        .unwrap();
+    }
+    let lock = c
+        .describe_lock(pb::DescribeLockRequest { key: "k".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(lock.holder.map(|h| h.lease_id), Some(holding));
+}
+
+#[tokio::test]
 async fn stale_release_is_refused_and_changes_nothing() {
     let server = Leaseholdd::start();
     let mut c = common::grpc(&server).await;

@@ -81,6 +81,7 @@ pub use client::{Client, ClientBuilder, DEFAULT_ENDPOINT};
 pub use election::{Election, Leader, Leadership};
 pub use error::{Error, Result};
 pub use lease::{Lease, LeaseHandle};
+pub use leasehold_core::limits::MAX_RENEWALS_PER_CALL;
 pub use leasehold_core::Mode;
 #[cfg(feature = "leaseholdd")]
 pub use tls::diagnose as diagnose_tls;

@@ -123,6 +123,57 @@ async fn a_lease_outlives_many_ttls_while_renewed() {
 }
 
 #[tokio::test]
+async fn a_client_renews_its_many_leases_together() {
+    let server = Leaseholdd::start();
+    let a = Client::connect(&server.url()).await.unwrap();
+    // A lease per TTL: 200 leases, renewing every 0.7-0.8 s.
+    let mut held = Vec::new();
+    for i in 0..200 {
+        let lease = a
+            .try_acquire(&format!("k{i}"), opts(2_000 + i))
+            .await
+            .unwrap();
+        held.push(lease);
+    }
+    // Twice the server stops answering for a while: the renewals that fall
+    // due meanwhile wait for the call on its way, then go together.
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        server.process.pause();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        server.process.resume();
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for lease in &held {
+        assert!(lease.is_live(), "lost: {}", lease.lost_reason());
+    }
+    let metrics = reqwest::get(format!("{}/metrics", server.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let batched: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("leasehold_requests_total{")
+                && l.contains("op=\"keep_alive_many\"")
+                && l.contains("code=\"ok\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(batched >= 2.0, "renewals went one by one:\n{metrics}");
+    // Each lease was renewed past its TTL: the locks are still held.
+    let other = Client::connect(&server.url()).await.unwrap();
+    for key in ["k0", "k199"] {
+        assert!(matches!(
+            other.try_acquire(key, opts(1_000)).await,
+            Err(Error::Held { .. })
+        ));
+    }
+}
+
+#[tokio::test]
 async fn a_paused_holder_finds_its_lease_lost_before_its_next_fenced_write() {
     let server = Leaseholdd::start();
     let dir = tempfile_dir();

@@ -21,6 +21,33 @@ pub async fn keep_alive(s: &LockService, r: pb::KeepAliveRequest) -> Result<pb::
     })
 }
 
+pub async fn keep_alive_many(
+    s: &LockService,
+    r: pb::KeepAliveManyRequest,
+) -> Result<pb::KeepAliveManyResponse> {
+    let renewals = s.keep_alive_many(r.lease_ids).await?;
+    Ok(pb::KeepAliveManyResponse {
+        renewals: renewals
+            .into_iter()
+            .map(|r| match r.answer {
+                Ok((ttl_ms, key_count)) => pb::LeaseRenewal {
+                    lease_id: r.lease,
+                    renewed: Some(pb::KeepAliveResponse {
+                        ttl_ms,
+                        key_count: Some(key_count),
+                    }),
+                    error: None,
+                },
+                Err(refused) => pb::LeaseRenewal {
+                    lease_id: r.lease,
+                    renewed: None,
+                    error: Some(ApiError::from(refused).into()),
+                },
+            })
+            .collect(),
+    })
+}
+
 pub async fn revoke(s: &LockService, r: pb::RevokeRequest) -> Result<pb::RevokeResponse> {
     let released = s.revoke(r.lease_id).await?;
     Ok(pb::RevokeResponse { released })

@@ -33,6 +33,9 @@ async fn call(service: &LockService, op: Op, body: Bytes) -> Result<Vec<u8>, Api
         Op::KeepAlive => calls::keep_alive(service, decode(body)?)
             .await?
             .encode_to_vec(),
+        Op::KeepAliveMany => calls::keep_alive_many(service, decode(body)?)
+            .await?
+            .encode_to_vec(),
         Op::Revoke => calls::revoke(service, decode(body)?).await?.encode_to_vec(),
         Op::Acquire => {
             let request: pb::AcquireRequest = decode(body)?;

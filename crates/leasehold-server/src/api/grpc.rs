@@ -143,6 +143,14 @@ impl Leasehold for Grpc {
         reply(calls::keep_alive(&s, r).await)
     }
 
+    async fn keep_alive_many(
+        &self,
+        request: Request<pb::KeepAliveManyRequest>,
+    ) -> Result<Response<pb::KeepAliveManyResponse>, Status> {
+        let (s, r) = self.caller(request)?;
+        reply(calls::keep_alive_many(&s, r).await)
+    }
+
     async fn revoke(
         &self,
         request: Request<pb::RevokeRequest>,

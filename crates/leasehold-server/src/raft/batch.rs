@@ -60,7 +60,44 @@ const YIELDS_BEFORE_A_FOLLOWING_BATCH: usize = 8;
 /// commit; the callers retry with their request ids.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub(super) type Proposal = (Command, oneshot::Sender<Result<Outcome, ConsensusError>>);
+/// Commands waiting to be proposed, with where their answers go: one
+/// command, or several that go into the log together (in order, in one
+/// entry) and are answered together.
+pub(super) enum Proposal {
+    One(Command, oneshot::Sender<Result<Outcome, ConsensusError>>),
+    Many(
+        Vec<Command>,
+        oneshot::Sender<Result<Vec<Outcome>, ConsensusError>>,
+    ),
+}
+
+/// Where a batch's answers go, in the order of its commands.
+enum Answer {
+    One(oneshot::Sender<Result<Outcome, ConsensusError>>),
+    Many(usize, oneshot::Sender<Result<Vec<Outcome>, ConsensusError>>),
+}
+
+impl Proposal {
+    /// How many commands it adds to a batch.
+    fn len(&self) -> usize {
+        match self {
+            Proposal::One(..) => 1,
+            Proposal::Many(commands, _) => commands.len(),
+        }
+    }
+
+    /// Answers every command of it with `e`.
+    fn fail(self, e: ConsensusError) {
+        match self {
+            Proposal::One(_, tx) => {
+                let _ = tx.send(Err(e));
+            }
+            Proposal::Many(_, tx) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+}
 
 /// Where proposals are sent: two lanes.
 #[derive(Clone)]
@@ -116,11 +153,46 @@ impl Consensus {
         } else {
             &self.proposals.rest
         };
-        lane.send((command, tx))
+        lane.send(Proposal::One(command, tx))
             .await
             .map_err(|_| ConsensusError::Stopped("the proposer stopped".into()))?;
         rx.await
             .map_err(|_| ConsensusError::Unknown("the proposer dropped a proposal".into()))?
+    }
+
+    /// Proposes `commands` that keep or free (keepalives, say) in the
+    /// urgent lane, as [`propose`](Self::propose) would one by one, and
+    /// answers each in order. They go into the log in order, at most
+    /// [`MAX_BATCH`] to an entry: a proposal each would cost a channel, an
+    /// answer and a wake-up per command.
+    pub async fn propose_urgent(
+        &self,
+        commands: Vec<Command>,
+    ) -> Result<Vec<Outcome>, ConsensusError> {
+        if self.leader_clock().is_none() {
+            return Err(self.not_leader());
+        }
+        debug_assert!(commands.iter().all(keeps_or_frees));
+        let mut answers = Vec::new();
+        let mut commands = commands.into_iter().peekable();
+        while commands.peek().is_some() {
+            let chunk: Vec<Command> = commands.by_ref().take(MAX_BATCH).collect();
+            let (tx, rx) = oneshot::channel();
+            self.proposals
+                .urgent
+                .send(Proposal::Many(chunk, tx))
+                .await
+                .map_err(|_| ConsensusError::Stopped("the proposer stopped".into()))?;
+            answers.push(rx);
+        }
+        let mut outcomes = Vec::new();
+        for rx in answers {
+            let answered = rx
+                .await
+                .map_err(|_| ConsensusError::Unknown("the proposer dropped a proposal".into()))?;
+            outcomes.extend(answered?);
+        }
+        Ok(outcomes)
     }
 
     /// Gathers proposals into batches, one log entry each, the urgent lane's
@@ -157,23 +229,33 @@ impl Consensus {
             }
             let waiting = queues.urgent.len() + queues.rest.len();
             let mut batch = Vec::with_capacity(MAX_BATCH.min(waiting + 1));
+            // Commands in the batch: a proposal of many is taken whole while
+            // there is room, so a batch may run over by one such proposal
+            // (at most `MAX_BATCH` commands).
+            let mut commands = first.len();
             batch.push(first);
             let lanes = [
                 (&mut queues.urgent, URGENT_PER_BATCH),
                 (&mut queues.rest, MAX_BATCH),
             ];
             for (queue, up_to) in lanes {
-                while batch.len() < up_to {
+                while commands < up_to {
                     match queue.try_recv() {
-                        Ok(p) => batch.push(p),
+                        Ok(p) => {
+                            commands += p.len();
+                            batch.push(p);
+                        }
                         Err(_) => break,
                     }
                 }
             }
             // Room the other lane left: the urgent one fills it.
-            while batch.len() < MAX_BATCH {
+            while commands < MAX_BATCH {
                 match queues.urgent.try_recv() {
-                    Ok(p) => batch.push(p),
+                    Ok(p) => {
+                        commands += p.len();
+                        batch.push(p);
+                    }
                     Err(_) => break,
                 }
             }
@@ -188,12 +270,25 @@ impl Consensus {
     async fn write_batch(&self, batch: Vec<Proposal>) {
         let Some(clock) = self.leader_clock() else {
             let e = self.not_leader();
-            for (_, tx) in batch {
-                let _ = tx.send(Err(e.clone()));
+            for proposal in batch {
+                proposal.fail(e.clone());
             }
             return;
         };
-        let (commands, answers): (Vec<Command>, Vec<_>) = batch.into_iter().unzip();
+        let mut commands = Vec::with_capacity(batch.iter().map(Proposal::len).sum());
+        let mut answers = Vec::with_capacity(batch.len());
+        for proposal in batch {
+            match proposal {
+                Proposal::One(command, tx) => {
+                    commands.push(command);
+                    answers.push(Answer::One(tx));
+                }
+                Proposal::Many(many, tx) => {
+                    answers.push(Answer::Many(many.len(), tx));
+                    commands.extend(many);
+                }
+            }
+        }
         let request = Request {
             stamp: Stamp {
                 now: clock.now(self.clock.as_ref()),
@@ -231,13 +326,38 @@ impl Consensus {
         };
         match result {
             Ok(outcomes) => {
-                for (tx, outcome) in answers.into_iter().zip(outcomes) {
-                    let _ = tx.send(Ok(outcome));
+                let mut outcomes = outcomes.into_iter();
+                for answer in answers {
+                    match answer {
+                        Answer::One(tx) => {
+                            let outcome = outcomes.next().ok_or_else(|| {
+                                ConsensusError::Unknown("an entry answered too few commands".into())
+                            });
+                            let _ = tx.send(outcome);
+                        }
+                        Answer::Many(n, tx) => {
+                            let mine: Vec<Outcome> = outcomes.by_ref().take(n).collect();
+                            let _ = tx.send(if mine.len() == n {
+                                Ok(mine)
+                            } else {
+                                Err(ConsensusError::Unknown(
+                                    "an entry answered too few commands".into(),
+                                ))
+                            });
+                        }
+                    }
                 }
             }
             Err(e) => {
-                for tx in answers {
-                    let _ = tx.send(Err(e.clone()));
+                for answer in answers {
+                    match answer {
+                        Answer::One(tx) => {
+                            let _ = tx.send(Err(e.clone()));
+                        }
+                        Answer::Many(_, tx) => {
+                            let _ = tx.send(Err(e.clone()));
+                        }
+                    }
                 }
             }
         }

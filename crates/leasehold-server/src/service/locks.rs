@@ -2,9 +2,9 @@
 //! once, or through the wait protocol in `wait`), release, and save a
 //! checkpoint.
 
-use leasehold_core::{limits, Command, Fence, Grant, LeaseId, Mode, RequestId};
+use leasehold_core::{limits, Command, Fence, Grant, LeaseId, LockError, Mode, RequestId};
 
-use super::proposals::{Joined, NewLease, Queue, Release, Renew, Revoke, Save, Take};
+use super::proposals::{Joined, NewLease, Proposal, Queue, Release, Renew, Revoke, Save, Take};
 #[cfg(feature = "planted-bugs")]
 use super::PlantedBug;
 use super::{audit, ApiError, LockService};
@@ -67,6 +67,15 @@ impl AcquireArgs {
     }
 }
 
+/// One lease's answer in [`LockService::keep_alive_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    /// The lease.
+    pub lease: LeaseId,
+    /// Its TTL and how many keys it holds, or why it was not renewed.
+    pub answer: Result<(u64, u64), LockError>,
+}
+
 impl LockService {
     /// Creates a lease. A retry with the same `request_id` (and the same TTL
     /// and holder) answers with the lease the first one made.
@@ -93,13 +102,67 @@ impl LockService {
         .await
     }
 
-    /// Renews a lease to its full TTL.
-    /// Renews a lease: its TTL, and how many keys it holds.
+    /// Renews a lease to its full TTL: its TTL, and how many keys it holds.
     pub async fn keep_alive(&self, lease: LeaseId) -> Result<(u64, u64), ApiError> {
         self.measured(
             "keep_alive",
             async move { self.propose_as(Renew(lease)).await },
         )
+        .await
+    }
+
+    /// Renews many leases in one call, each answered as [`keep_alive`]
+    /// would answer it alone, in the order asked; a lease named twice is
+    /// renewed once. They go into the log together, in as few entries as
+    /// they fit: what one call saves is the call and the proposal per
+    /// lease, not the renewal. A failure of the whole (this node does not lead, the
+    /// outcome is unknown, the caller's token is refused) fails the call:
+    /// renewing again is always safe.
+    ///
+    /// [`keep_alive`]: LockService::keep_alive
+    pub async fn keep_alive_many(&self, leases: Vec<LeaseId>) -> Result<Vec<Renewal>, ApiError> {
+        self.measured("keep_alive_many", async move {
+            if leases.len() > limits::MAX_RENEWALS_PER_CALL {
+                return Err(ApiError::invalid(
+                    "lease_ids",
+                    format!(
+                        "names {} leases; at most {} in one call: split it",
+                        leases.len(),
+                        limits::MAX_RENEWALS_PER_CALL
+                    ),
+                ));
+            }
+            let token = self.caller_here().await?;
+            let mut distinct = leases.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let renewals = distinct
+                .iter()
+                .map(|&lease| Command::As {
+                    token,
+                    command: Box::new(Command::KeepAlive { lease }),
+                })
+                .collect();
+            let outcomes = self.consensus.propose_urgent(renewals).await?;
+            let mut answers = std::collections::HashMap::with_capacity(distinct.len());
+            for (lease, outcome) in distinct.into_iter().zip(outcomes) {
+                let answer = match outcome {
+                    Ok(response) => Ok(Renew::answer(response).map_err(super::unexpected)?),
+                    Err(refused) => Err(refused),
+                };
+                answers.insert(lease, answer);
+            }
+            Ok(leases
+                .into_iter()
+                .map(|lease| Renewal {
+                    lease,
+                    answer: answers
+                        .get(&lease)
+                        .cloned()
+                        .unwrap_or(Err(LockError::LeaseNotFound { lease })),
+                })
+                .collect())
+        })
         .await
     }
 

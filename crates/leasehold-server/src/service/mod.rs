@@ -40,7 +40,7 @@ use proposals::Proposal;
 pub use auth::{AuthView, NewToken, RoleView};
 use errors::unexpected;
 pub use errors::ApiError;
-pub use locks::{AcquireArgs, LeaseSpec};
+pub use locks::{AcquireArgs, LeaseSpec, Renewal};
 pub use reads::{Page, LIST_KEYS_PER_LEASE, MAX_LIST};
 pub use watch::{resume_point, Watch, WatchEvent};
 

@@ -39,7 +39,7 @@ pub(super) enum RouteError {
 }
 
 /// A failed call.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum CallError {
     /// The request never left: no connection could be made. Safe to send
     /// anywhere.

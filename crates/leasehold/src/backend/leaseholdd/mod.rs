@@ -39,6 +39,7 @@
 
 mod acquire;
 mod errors;
+mod renewals;
 mod retry;
 mod session;
 mod settle;
@@ -67,6 +68,8 @@ pub struct Leaseholdd {
     endpoints: Arc<Endpoints>,
     /// Session leases by TTL in milliseconds.
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// Renewals of this client's leases, sent together.
+    renewals: Arc<renewals::Renewals>,
     /// Held while a session is being granted.
     granting: tokio::sync::Mutex<()>,
 }
@@ -93,8 +96,10 @@ impl Leaseholdd {
         tls: &TlsOptions,
         token: Option<&str>,
     ) -> Result<Leaseholdd> {
+        let endpoints = Arc::new(Endpoints::connect(url, tls, token).await?);
         Ok(Leaseholdd {
-            endpoints: Arc::new(Endpoints::connect(url, tls, token).await?),
+            renewals: Arc::new(renewals::Renewals::new(endpoints.clone())),
+            endpoints,
             sessions: Mutex::new(HashMap::new()),
             granting: tokio::sync::Mutex::new(()),
         })

@@ -183,31 +183,32 @@ impl Leaseholdd {
         let lease = call_again::<pb::GrantResponse>(&self.endpoints, Op::Grant, &grant, "")
             .await?
             .lease_id;
-        let endpoints = self.endpoints.clone();
+        let (endpoints, renewals) = (self.endpoints.clone(), self.renewals.clone());
         let holds = Arc::new(Holds::default());
         let counted = holds.clone();
+        // A node cut off from its majority may take the call and not answer
+        // for a while: with other nodes to try, give up on it after a sixth
+        // of the TTL (at least 200 ms), with time left before the deadline.
+        // With one node there is nowhere else.
+        let attempt = if endpoints.len() > 1 {
+            (ttl / 6).max(Duration::from_millis(200))
+        } else {
+            Duration::MAX
+        };
+        let early = crate::keeper::early(ttl);
         let renew = move || {
-            let endpoints = endpoints.clone();
-            let holds = counted.clone();
+            let (endpoints, renewals, holds) =
+                (endpoints.clone(), renewals.clone(), counted.clone());
             async move {
-                let renew = pb::KeepAliveRequest { lease_id: lease };
-                let route = endpoints.route();
-                // A node cut off from its majority may take the call and not
-                // answer for a while: with other nodes to try, give up on it
-                // after a sixth of the TTL (at least 200 ms), with time left
-                // before the deadline. With one node there is nowhere else.
-                let call = endpoints.call::<pb::KeepAliveResponse>(Op::KeepAlive, &renew);
-                let attempt = if endpoints.len() > 1 {
-                    (ttl / 6).max(Duration::from_millis(200))
-                } else {
-                    Duration::MAX
-                };
-                match tokio::time::timeout(attempt, call).await {
-                    Ok(Ok(renewed)) => {
+                // Sent with the client's other renewals that fall due
+                // meanwhile (`renewals`); answered on its own.
+                let by = Instant::now() + early;
+                match renewals.renew(lease, by, attempt).await {
+                    Ok(renewed) => {
                         holds.check(&endpoints, lease, renewed.key_count);
                         Ok(())
                     }
-                    Ok(Err(e)) => match e.into_error("") {
+                    Err(e) => match e.into_error("") {
                         Error::Unavailable(m) | Error::OutcomeUnknown(m) => {
                             Err(RenewError::Transient(m))
                         }
@@ -215,13 +216,6 @@ impl Leaseholdd {
                         Error::LeaseLost { reason, .. } => Err(RenewError::Lost(reason)),
                         e => Err(RenewError::Lost(e.to_string())),
                     },
-                    Err(_) => {
-                        endpoints.failed(&route).await;
-                        Err(RenewError::Transient(format!(
-                            "no answer from {} within {attempt:?}",
-                            route.addr,
-                        )))
-                    }
                 }
             }
         };
@@ -229,10 +223,10 @@ impl Leaseholdd {
         let keeper = if crate::planted::planted(crate::planted::ClientBug::DeadlineFromReply) {
             Keeper::spawn_counting_from_reply(ttl, sent_at, renew)
         } else {
-            Keeper::spawn(ttl, sent_at, renew)
+            Keeper::spawn_early(ttl, sent_at, early, renew)
         };
         #[cfg(not(feature = "planted-bugs"))]
-        let keeper = Keeper::spawn(ttl, sent_at, renew);
+        let keeper = Keeper::spawn_early(ttl, sent_at, early, renew);
         Ok(Arc::new(Session {
             lease,
             liveness: keeper.liveness().clone(),
