@@ -16,7 +16,12 @@ processes it started.
 
     cargo build --release --bin leaseholdd --bin leasehold
     python3 bench/sessions.py [--nodes 1|3] [--sessions 10000,100000] [--connections 50]
-                              [--ttl 30] [--seconds 20] [--json]
+                              [--renew together|each] [--ttl 30] [--seconds 20] [--json]
+
+--renew together (the default) renews as the Rust client does: one call on
+its way per connection, and the renewals that fall due meanwhile go in the
+next, as one KeepAliveMany. --renew each sends a call per renewal, as the
+Go, TypeScript and Python clients do.
 
 Figures are of this machine at the time of the run: compare runs made in one
 session, never absolute numbers across days (bench/results.md).
@@ -66,14 +71,14 @@ def start(nodes, workdir):
     return "http://" + ",".join(cluster.addrs), cluster.procs, cluster.stop
 
 
-def run(nodes, sessions, connections, ttl, seconds):
+def run(nodes, sessions, connections, ttl, seconds, workload="sessions"):
     workdir = tempfile.mkdtemp(prefix="leasehold-sessions-")
     endpoint, procs, stop = start(nodes, workdir)
     try:
         pids = [p.pid for p in procs]
         rss_before = [rss(p) for p in pids]
         bench = subprocess.Popen(
-            [f.CLI, "--endpoint", endpoint, "bench", "--workload", "sessions", "--keys", str(sessions),
+            [f.CLI, "--endpoint", endpoint, "bench", "--workload", workload, "--keys", str(sessions),
              "--clients", str(connections), "--ttl", f"{ttl}s", "--duration", f"{seconds}s", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Every node's CPU time, sampled while the bench runs; the bench
@@ -81,15 +86,21 @@ def run(nodes, sessions, connections, ttl, seconds):
         # give each node's share of a core over it.
         samples = []
         while bench.poll() is None:
-            samples.append((time.time(), [cpu_seconds(p) for p in pids], [rss(p) for p in pids]))
+            try:
+                mine = cpu_seconds(bench.pid)
+            except (FileNotFoundError, ProcessLookupError):
+                mine = None
+            samples.append((time.time(), [cpu_seconds(p) for p in pids], [rss(p) for p in pids], mine))
             time.sleep(0.1)
         stdout, stderr = bench.communicate()
         if bench.returncode != 0:
             raise SystemExit(f"bench failed: {stderr.strip()[-500:]}")
         out = json.loads(stdout.strip().splitlines()[-1])
         opened, closed = out.get("window_unix", [samples[-1][0] - seconds, samples[-1][0]])
-        begin, cpu_begin, _ = min(samples, key=lambda s: abs(s[0] - opened))
-        end, cpu_end, _ = min(samples, key=lambda s: abs(s[0] - closed))
+        begin, cpu_begin, _, gen_begin = min(samples, key=lambda s: abs(s[0] - opened))
+        end, cpu_end, _, gen_end = min(samples, key=lambda s: abs(s[0] - closed))
+        if gen_begin is not None and gen_end is not None:
+            out["generator_cpu_share"] = (gen_end - gen_begin) / max(end - begin, 1e-9)
         rss_end = samples[-1][2]
         out["node_cpu_share"] = [(b - a) / max(end - begin, 1e-9) for a, b in zip(cpu_begin, cpu_end)]
         out["node_rss_bytes"] = rss_end
@@ -108,11 +119,13 @@ def line(nodes, out):
     cpu = ", ".join(f"{c:.2f}" for c in out["node_cpu_share"])
     growth = max(out["node_rss_growth_bytes"])
     return (f"{nodes} node(s), {n:,} sessions over {out['connections']:,} connection(s): "
-            f"renewals due {out['renewals_due_per_sec']:,.0f}/s, done {out['renewals_done_per_sec']:,.0f}/s; "
+            f"renewals due {out['renewals_due_per_sec']:,.0f}/s, done {out['renewals_done_per_sec']:,.0f}/s "
+            f"({out.get('renewals_per_call', 1):,.1f} per call); "
             f"from due: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms; "
             f"lost {out['sessions_lost']} (locks {out['renewals_without_their_lock']}), "
             f"not sent {out['renewals_not_sent']}; "
-            f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k); "
+            f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k; "
+            f"load generator {out.get('generator_cpu_share', 0):.2f}); "
             f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k); "
             f"granting {out['grant_seconds']:.1f} s")
 
@@ -123,6 +136,8 @@ def main():
     ap.add_argument("--sessions", default="10000,100000", help="comma-separated session counts")
     ap.add_argument("--connections", type=int, default=50,
                     help="connections the sessions share (0: one per session)")
+    ap.add_argument("--renew", choices=["together", "each"], default="together",
+                    help="renewals due together in one call, or a call each")
     ap.add_argument("--ttl", type=int, default=30, help="lease TTL in seconds")
     ap.add_argument("--seconds", type=int, default=None, help="measured window (default: 2 x TTL/3)")
     ap.add_argument("--json", action="store_true")
@@ -132,7 +147,8 @@ def main():
             raise SystemExit("build first: cargo build --release --bin leaseholdd --bin leasehold")
     seconds = args.seconds or max(1, 2 * args.ttl // 3)
     for n in (int(s) for s in args.sessions.split(",")):
-        out = run(args.nodes, n, args.connections or n, args.ttl, seconds)
+        workload = "sessions" if args.renew == "together" else "sessions-each"
+        out = run(args.nodes, n, args.connections or n, args.ttl, seconds, workload)
         print(json.dumps(out) if args.json else line(args.nodes, out), flush=True)
 
 

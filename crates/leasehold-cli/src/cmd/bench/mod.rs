@@ -15,6 +15,10 @@
 //!   renewals due and done per second, latency from each renewal's due
 //!   time, sessions lost, and the server's CPU and memory per session.
 //!   Run it for at least a third of the TTL, so every session renews.
+//!   A connection renews as the Rust client does: one call on its way at a
+//!   time, and the renewals that fall due meanwhile go together in the
+//!   next (`KeepAliveMany`). `sessions-each` sends a call per renewal, as
+//!   the Go, TypeScript and Python clients do.
 //! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
 //!   reports the server's memory with `--server-pid`.
 //! - `keep`: any backend: `--clients` clients hold `--keys` locks between them
@@ -65,8 +69,12 @@ pub enum Workload {
     Lockset,
     Contended,
     Renew,
-    /// Sessions renewed on schedule: see the module doc.
+    /// Sessions renewed on schedule, those due together in one call (as
+    /// the Rust client renews): see the module doc.
     Sessions,
+    /// `sessions` with one call per renewal (as the Go, TypeScript and
+    /// Python clients renew).
+    SessionsEach,
     Hold,
     Keep,
 }
@@ -254,7 +262,8 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         Workload::Lockset => cycle(&a, &shared, &bar, Shape::Set).await?,
         Workload::Contended => contended(&a, &shared, &bar).await?,
         Workload::Renew => renew(&a, &shared, &bar).await?,
-        Workload::Sessions => sessions(&a, &shared, &bar, &mut extra).await?,
+        Workload::Sessions => sessions(&a, &shared, &bar, &mut extra, true).await?,
+        Workload::SessionsEach => sessions(&a, &shared, &bar, &mut extra, false).await?,
         Workload::Hold => hold(&a, &shared, &bar, &mut extra).await?,
         Workload::Keep => keep(&a, &shared, &bar, &mut extra).await?,
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
-use leasehold::{Client, Error, LockOptions};
+use leasehold::{Client, Error, LockOptions, MAX_RENEWALS_PER_CALL};
 use leasehold_proto::v1 as pb;
 use serde_json::json;
 
@@ -441,6 +441,9 @@ struct SessionCounts {
     without_lock: AtomicU64,
     /// Renewals not sent: `MAX_IN_FLIGHT` were waiting for answers.
     skipped: AtomicU64,
+    /// Renewal calls sent inside the measured window (one renews many
+    /// when they go together).
+    calls: AtomicU64,
 }
 
 /// One connection's sessions by the time their next renewal is due, and
@@ -479,6 +482,106 @@ impl Schedule {
     }
 }
 
+/// A `sessions` connection renewing as the Rust client does: one call on
+/// its way at a time; what fell due meanwhile goes together in the next,
+/// as one `KeepAliveMany` (a lone renewal as a `KeepAlive`).
+async fn renew_together(
+    mut client: Grpc,
+    schedule: Arc<Schedule>,
+    period: Duration,
+    ttl: Duration,
+    shared: Arc<Shared>,
+    counts: Arc<SessionCounts>,
+    granter: tokio::task::JoinHandle<()>,
+) {
+    let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
+    let mut due = Vec::new();
+    // As early as the Rust client sends a renewal to go with others.
+    let early = leasehold::keeper::early(ttl);
+    while !shared.stop.load(Ordering::Relaxed) {
+        let now = tokio::time::Instant::now();
+        let mut wake = None;
+        // Renewals due within the next `early` go now, with the one due:
+        // a lease renews a little before its time rather than in a call
+        // of its own a moment later.
+        let by = now + early;
+        while due.len() < MAX_RENEWALS_PER_CALL {
+            match schedule.next(if due.is_empty() { now } else { by }) {
+                Ok(next) => due.push(next),
+                Err(next) => {
+                    wake = next;
+                    break;
+                }
+            }
+        }
+        if due.is_empty() {
+            let wake = wake.unwrap_or(now + SESSION_NAP).min(now + SESSION_NAP);
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {}
+                () = schedule.changed.notified() => {}
+            }
+            continue;
+        }
+        if shared.measuring.load(Ordering::Relaxed) {
+            counts.due.fetch_add(due.len() as u64, Ordering::Relaxed);
+            counts.calls.fetch_add(1, Ordering::Relaxed);
+        }
+        let request = pb::KeepAliveManyRequest {
+            lease_ids: due.iter().map(|(_, lease)| *lease).collect(),
+        };
+        let answer = tokio::time::timeout(ttl, client.keep_alive_many(request)).await;
+        match answer {
+            Ok(Ok(answer)) if answer.get_ref().renewals.len() == due.len() => {
+                for ((was_due, lease), renewal) in due.drain(..).zip(answer.into_inner().renewals) {
+                    match (renewal.renewed, renewal.error) {
+                        (Some(renewed), _) => {
+                            if renewed.key_count == Some(0) {
+                                counts.without_lock.fetch_add(1, Ordering::Relaxed);
+                            }
+                            shared.done(&mut local, was_due.elapsed().as_micros() as u64);
+                            schedule.push(was_due + period, lease);
+                        }
+                        (None, Some(e))
+                            if matches!(e.code.as_str(), "lease_expired" | "lease_not_found") =>
+                        {
+                            counts.lost.fetch_add(1, Ordering::Relaxed);
+                        }
+                        (None, e) => {
+                            shared
+                                .status(&tonic::Status::unknown(format!("renewal refused: {e:?}")));
+                            schedule.push(was_due + period, lease);
+                        }
+                    }
+                }
+            }
+            Ok(Ok(_)) => {
+                shared.status(&tonic::Status::unknown(
+                    "an answer with another number of renewals than asked",
+                ));
+                for (was_due, lease) in due.drain(..) {
+                    schedule.push(was_due + period, lease);
+                }
+            }
+            Ok(Err(s)) => {
+                shared.status(&s);
+                for (was_due, lease) in due.drain(..) {
+                    schedule.push(was_due + period, lease);
+                }
+            }
+            Err(_) => {
+                shared.status(&tonic::Status::deadline_exceeded(
+                    "renewals: no answer within the TTL",
+                ));
+                for (was_due, lease) in due.drain(..) {
+                    schedule.push(was_due + period, lease);
+                }
+            }
+        }
+    }
+    granter.abort();
+    shared.record(&mut local);
+}
+
 /// Whether a failed renewal says the session is gone.
 fn session_ended(s: &tonic::Status) -> bool {
     let code = s
@@ -503,6 +606,7 @@ pub(super) async fn sessions(
     shared: &Arc<Shared>,
     bar: &ProgressBar,
     extra: &mut serde_json::Map<String, serde_json::Value>,
+    together: bool,
 ) -> anyhow::Result<()> {
     let total = a.keys.max(1);
     let connections = (a.clients.max(1) as u64).min(total);
@@ -573,6 +677,18 @@ pub(super) async fn sessions(
                 granting.fetch_sub(1, Ordering::SeqCst);
             })
         };
+        if together {
+            tasks.push(tokio::spawn(renew_together(
+                client,
+                schedule,
+                period,
+                ttl,
+                shared.clone(),
+                counts.clone(),
+                granter,
+            )));
+            continue;
+        }
         let (shared, counts, in_flight) = (shared.clone(), counts.clone(), in_flight.clone());
         tasks.push(tokio::spawn(async move {
             let local = Arc::new(std::sync::Mutex::new(
@@ -595,6 +711,7 @@ pub(super) async fn sessions(
                 };
                 if shared.measuring.load(Ordering::Relaxed) {
                     counts.due.fetch_add(1, Ordering::Relaxed);
+                    counts.calls.fetch_add(1, Ordering::Relaxed);
                 }
                 let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                     counts.skipped.fetch_add(1, Ordering::Relaxed);
@@ -682,6 +799,15 @@ pub(super) async fn sessions(
     extra.insert("grant_seconds".into(), json!(grant_seconds));
     extra.insert("renewals_due_per_sec".into(), json!(due as f64 / seconds));
     extra.insert("renewals_done_per_sec".into(), json!(done as f64 / seconds));
+    let calls = counts.calls.load(Ordering::Relaxed);
+    extra.insert(
+        "renewal_calls_per_sec".into(),
+        json!(calls as f64 / seconds),
+    );
+    extra.insert(
+        "renewals_per_call".into(),
+        json!(due as f64 / calls.max(1) as f64),
+    );
     extra.insert(
         "sessions_lost".into(),
         json!(counts.lost.load(Ordering::Relaxed)),
