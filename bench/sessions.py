@@ -18,10 +18,11 @@ processes it started.
     python3 bench/sessions.py [--nodes 1|3] [--sessions 10000,100000] [--connections 50]
                               [--renew together|each] [--ttl 30] [--seconds 20] [--json]
 
---renew together (the default) renews as the Rust client does: one call on
-its way per connection, and the renewals that fall due meanwhile go in the
-next, as one KeepAliveMany. --renew each sends a call per renewal, as the
-Go, TypeScript and Python clients do.
+--renew together (the default) renews by the Rust client's rule: a
+connection's call leaves when its first renewal waiting is due and takes
+every renewal due within a thirtieth of the TTL (at most 1 s), as one
+KeepAliveMany. --renew each sends a call per renewal, as the Go,
+TypeScript and Python clients do.
 
 Figures are of this machine at the time of the run: compare runs made in one
 session, never absolute numbers across days (bench/results.md).

@@ -210,7 +210,6 @@ impl Keeper {
                         tracing::debug!(%why, "renewal failed; retrying until the deadline");
                         // Soon again: a failover leaves ~TTL/2 of budget.
                         next = Instant::now()
-                            + early
                             + (ttl / 20)
                                 .clamp(Duration::from_millis(10), Duration::from_millis(500));
                     }

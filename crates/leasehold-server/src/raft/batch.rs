@@ -162,9 +162,10 @@ impl Consensus {
 
     /// Proposes `commands` that keep or free (keepalives, say) in the
     /// urgent lane, as [`propose`](Self::propose) would one by one, and
-    /// answers each in order. They go into the log in order, at most
-    /// [`MAX_BATCH`] to an entry: a proposal each would cost a channel, an
-    /// answer and a wake-up per command.
+    /// answers each in order. They go into the log in order, in proposals
+    /// of at most [`URGENT_PER_BATCH`] commands, each taken whole into an
+    /// entry: a proposal each would cost a channel, an answer and a
+    /// wake-up per command.
     pub async fn propose_urgent(
         &self,
         commands: Vec<Command>,
@@ -176,7 +177,7 @@ impl Consensus {
         let mut answers = Vec::new();
         let mut commands = commands.into_iter().peekable();
         while commands.peek().is_some() {
-            let chunk: Vec<Command> = commands.by_ref().take(MAX_BATCH).collect();
+            let chunk: Vec<Command> = commands.by_ref().take(URGENT_PER_BATCH).collect();
             let (tx, rx) = oneshot::channel();
             self.proposals
                 .urgent
@@ -230,23 +231,29 @@ impl Consensus {
             let waiting = queues.urgent.len() + queues.rest.len();
             let mut batch = Vec::with_capacity(MAX_BATCH.min(waiting + 1));
             // Commands in the batch: a proposal of many is taken whole while
-            // there is room, so a batch may run over by one such proposal
-            // (at most `MAX_BATCH` commands).
+            // there is room, so a batch may run over by one such proposal.
             let mut commands = first.len();
             batch.push(first);
-            let lanes = [
-                (&mut queues.urgent, URGENT_PER_BATCH),
-                (&mut queues.rest, MAX_BATCH),
-            ];
-            for (queue, up_to) in lanes {
-                while commands < up_to {
-                    match queue.try_recv() {
-                        Ok(p) => {
-                            commands += p.len();
-                            batch.push(p);
-                        }
-                        Err(_) => break,
+            while commands < URGENT_PER_BATCH {
+                match queues.urgent.try_recv() {
+                    Ok(p) => {
+                        commands += p.len();
+                        batch.push(p);
                     }
+                    Err(_) => break,
+                }
+            }
+            // The other lane has a quarter of a batch whatever the urgent
+            // one took (its proposals are one command each).
+            let mut others = 0;
+            while commands < MAX_BATCH || others < MAX_BATCH - URGENT_PER_BATCH {
+                match queues.rest.try_recv() {
+                    Ok(p) => {
+                        commands += p.len();
+                        others += 1;
+                        batch.push(p);
+                    }
+                    Err(_) => break,
                 }
             }
             // Room the other lane left: the urgent one fills it.

@@ -15,9 +15,9 @@
 //!   renewals due and done per second, latency from each renewal's due
 //!   time, sessions lost, and the server's CPU and memory per session.
 //!   Run it for at least a third of the TTL, so every session renews.
-//!   A connection renews as the Rust client does: one call on its way at a
-//!   time, and the renewals that fall due meanwhile go together in the
-//!   next (`KeepAliveMany`). `sessions-each` sends a call per renewal, as
+//!   A connection renews by the Rust client's rule: a call leaves when the
+//!   first renewal waiting is due and takes every renewal due within the
+//!   client's early window (`KeepAliveMany`). `sessions-each` sends a call per renewal, as
 //!   the Go, TypeScript and Python clients do.
 //! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
 //!   reports the server's memory with `--server-pid`.

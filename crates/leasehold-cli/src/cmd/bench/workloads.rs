@@ -446,6 +446,16 @@ struct SessionCounts {
     calls: AtomicU64,
 }
 
+impl SessionCounts {
+    /// Counts a call renewing `renewals` leases, if inside the window.
+    fn sent(&self, shared: &Shared, renewals: usize) {
+        if shared.measuring.load(Ordering::Relaxed) {
+            self.due.fetch_add(renewals as u64, Ordering::Relaxed);
+            self.calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One connection's sessions by the time their next renewal is due, and
 /// a wake-up for its sender when one goes back in.
 #[derive(Default)]
@@ -462,6 +472,16 @@ impl Schedule {
             heap.push(std::cmp::Reverse((due, lease)));
         }
         self.changed.notify_one();
+    }
+
+    /// Sleeps until `wake` (when the next renewal is due, if one is), at
+    /// most [`SESSION_NAP`], or until a session goes back in.
+    async fn nap(&self, now: tokio::time::Instant, wake: Option<tokio::time::Instant>) {
+        let wake = wake.unwrap_or(now + SESSION_NAP).min(now + SESSION_NAP);
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = self.changed.notified() => {}
+        }
     }
 
     /// The next renewal due by `now`, or when the next one is due.
@@ -482,11 +502,12 @@ impl Schedule {
     }
 }
 
-/// A `sessions` connection renewing as the Rust client does: one call on
-/// its way at a time; what fell due meanwhile goes together in the next,
-/// as one `KeepAliveMany` (a lone renewal as a `KeepAlive`).
+/// A `sessions` connection renewing by the Rust client's rule: a call
+/// leaves when the first renewal waiting is due and takes every renewal
+/// due within [`leasehold::keeper::early`] of now, as one `KeepAliveMany`;
+/// each call goes on its own.
 async fn renew_together(
-    mut client: Grpc,
+    client: Grpc,
     schedule: Arc<Schedule>,
     period: Duration,
     ttl: Duration,
@@ -494,12 +515,13 @@ async fn renew_together(
     counts: Arc<SessionCounts>,
     granter: tokio::task::JoinHandle<()>,
 ) {
-    let mut local = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram");
-    let mut due = Vec::new();
-    // As early as the Rust client sends a renewal to go with others.
+    let local = Arc::new(std::sync::Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+    ));
     let early = leasehold::keeper::early(ttl);
     while !shared.stop.load(Ordering::Relaxed) {
         let now = tokio::time::Instant::now();
+        let mut due = Vec::new();
         let mut wake = None;
         // Renewals due within the next `early` go now, with the one due:
         // a lease renews a little before its time rather than in a call
@@ -515,70 +537,78 @@ async fn renew_together(
             }
         }
         if due.is_empty() {
-            let wake = wake.unwrap_or(now + SESSION_NAP).min(now + SESSION_NAP);
-            tokio::select! {
-                () = tokio::time::sleep_until(wake) => {}
-                () = schedule.changed.notified() => {}
-            }
+            schedule.nap(now, wake).await;
             continue;
         }
-        if shared.measuring.load(Ordering::Relaxed) {
-            counts.due.fetch_add(due.len() as u64, Ordering::Relaxed);
-            counts.calls.fetch_add(1, Ordering::Relaxed);
-        }
-        let request = pb::KeepAliveManyRequest {
-            lease_ids: due.iter().map(|(_, lease)| *lease).collect(),
-        };
-        let answer = tokio::time::timeout(ttl, client.keep_alive_many(request)).await;
-        match answer {
-            Ok(Ok(answer)) if answer.get_ref().renewals.len() == due.len() => {
-                for ((was_due, lease), renewal) in due.drain(..).zip(answer.into_inner().renewals) {
-                    match (renewal.renewed, renewal.error) {
-                        (Some(renewed), _) => {
-                            if renewed.key_count == Some(0) {
-                                counts.without_lock.fetch_add(1, Ordering::Relaxed);
-                            }
-                            shared.done(&mut local, was_due.elapsed().as_micros() as u64);
-                            schedule.push(was_due + period, lease);
+        counts.sent(&shared, due.len());
+        let (mut client, schedule, shared, counts, local) = (
+            client.clone(),
+            schedule.clone(),
+            shared.clone(),
+            counts.clone(),
+            local.clone(),
+        );
+        tokio::spawn(async move {
+            let request = pb::KeepAliveManyRequest {
+                lease_ids: due.iter().map(|(_, lease)| *lease).collect(),
+            };
+            let answer = tokio::time::timeout(ttl, client.keep_alive_many(request)).await;
+            let renewals = match answer {
+                Ok(Ok(answer)) if answer.get_ref().renewals.len() == due.len() => {
+                    answer.into_inner().renewals
+                }
+                Ok(Ok(_)) => {
+                    shared.status(&tonic::Status::unknown(
+                        "an answer with another number of renewals than asked",
+                    ));
+                    Vec::new()
+                }
+                Ok(Err(s)) => {
+                    shared.status(&s);
+                    Vec::new()
+                }
+                Err(_) => {
+                    shared.status(&tonic::Status::deadline_exceeded(
+                        "renewals: no answer within the TTL",
+                    ));
+                    Vec::new()
+                }
+            };
+            if renewals.is_empty() {
+                for (was_due, lease) in due {
+                    schedule.push(was_due + period, lease);
+                }
+                return;
+            }
+            let Ok(mut local) = local.lock() else { return };
+            for ((was_due, lease), renewal) in due.into_iter().zip(renewals) {
+                match (renewal.renewed, renewal.error) {
+                    (Some(renewed), _) => {
+                        if renewed.key_count == Some(0) {
+                            counts.without_lock.fetch_add(1, Ordering::Relaxed);
                         }
-                        (None, Some(e))
-                            if matches!(e.code.as_str(), "lease_expired" | "lease_not_found") =>
-                        {
-                            counts.lost.fetch_add(1, Ordering::Relaxed);
-                        }
-                        (None, e) => {
-                            shared
-                                .status(&tonic::Status::unknown(format!("renewal refused: {e:?}")));
-                            schedule.push(was_due + period, lease);
-                        }
+                        shared.done(&mut local, was_due.elapsed().as_micros() as u64);
+                        schedule.push(was_due + period, lease);
+                    }
+                    (None, Some(e))
+                        if matches!(e.code.as_str(), "lease_expired" | "lease_not_found") =>
+                    {
+                        counts.lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (None, e) => {
+                        shared.status(&tonic::Status::unknown(format!("renewal refused: {e:?}")));
+                        schedule.push(was_due + period, lease);
                     }
                 }
             }
-            Ok(Ok(_)) => {
-                shared.status(&tonic::Status::unknown(
-                    "an answer with another number of renewals than asked",
-                ));
-                for (was_due, lease) in due.drain(..) {
-                    schedule.push(was_due + period, lease);
-                }
-            }
-            Ok(Err(s)) => {
-                shared.status(&s);
-                for (was_due, lease) in due.drain(..) {
-                    schedule.push(was_due + period, lease);
-                }
-            }
-            Err(_) => {
-                shared.status(&tonic::Status::deadline_exceeded(
-                    "renewals: no answer within the TTL",
-                ));
-                for (was_due, lease) in due.drain(..) {
-                    schedule.push(was_due + period, lease);
-                }
-            }
-        }
+        });
     }
     granter.abort();
+    // Answers still on their way end after the window: they do not count.
+    let mut local = match local.lock() {
+        Ok(local) => local.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
     shared.record(&mut local);
 }
 
@@ -701,18 +731,11 @@ pub(super) async fn sessions(
                 let (due, lease) = match schedule.next(now) {
                     Ok(next) => next,
                     Err(wake) => {
-                        let wake = wake.unwrap_or(now + SESSION_NAP).min(now + SESSION_NAP);
-                        tokio::select! {
-                            () = tokio::time::sleep_until(wake) => {}
-                            () = schedule.changed.notified() => {}
-                        }
+                        schedule.nap(now, wake).await;
                         continue;
                     }
                 };
-                if shared.measuring.load(Ordering::Relaxed) {
-                    counts.due.fetch_add(1, Ordering::Relaxed);
-                    counts.calls.fetch_add(1, Ordering::Relaxed);
-                }
+                counts.sent(&shared, 1);
                 let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                     counts.skipped.fetch_add(1, Ordering::Relaxed);
                     schedule.push(due + period, lease);

@@ -4,10 +4,10 @@
 //! TTL/3), and asks here a little before its time ([`early`]), saying by
 //! when it must go. A call leaves when the first renewal waiting is due,
 //! and takes every renewal waiting with it, as one `KeepAliveMany` (a lone
-//! one as a `KeepAlive`); one call is on its way at a time, and what falls
-//! due meanwhile goes in the next. So no renewal goes later than its time
-//! (unless the call ahead of it is slow), and a process renewing thousands
-//! of leases sends a few calls a second instead of thousands.
+//! one as a `KeepAlive`). Each call goes on its own, so one that hangs on
+//! a node cut off from its majority holds up no renewal behind it. No
+//! renewal leaves later than its time, and a process renewing thousands of
+//! leases sends a few calls a second instead of thousands.
 //!
 //! What a renewal promises does not change. Its keeper counts the deadline
 //! from when it asked here, before any wait, so the wait comes off the
@@ -48,6 +48,9 @@ struct State {
     waiting: Vec<Waiting>,
     /// A task is sending: what is waiting goes with its next call.
     sending: bool,
+    /// The earliest `by` waiting (or earlier: a renewal dropped by its
+    /// keeper may have set it); `None` when nothing waits.
+    first: Option<Instant>,
     /// The server answered that it does not know `KeepAliveMany` (a build
     /// from before it): one call per lease from then on.
     one_by_one: bool,
@@ -81,7 +84,7 @@ impl Renewals {
         attempt: Duration,
     ) -> Answer {
         let (answer, answered) = oneshot::channel();
-        let start = {
+        let (start, sooner) = {
             let mut state = self.state.lock();
             state.waiting.push(Waiting {
                 lease,
@@ -89,11 +92,15 @@ impl Renewals {
                 attempt,
                 answer,
             });
-            !std::mem::replace(&mut state.sending, true)
+            let sooner = state.first.is_none_or(|first| by < first);
+            if sooner {
+                state.first = Some(by);
+            }
+            (!std::mem::replace(&mut state.sending, true), sooner)
         };
         if start {
             tokio::spawn(self.clone().send_while_waiting());
-        } else {
+        } else if sooner {
             self.arrived.notify_one();
         }
         answered
@@ -101,49 +108,58 @@ impl Renewals {
             .unwrap_or_else(|_| Err(CallError::Transport("the renewal was dropped".into())))
     }
 
-    /// Sends what is waiting, one call at a time, each when the first
-    /// renewal in it is due, until nothing is waiting.
+    /// Sends what is waiting when the first renewal waiting is due, until
+    /// nothing is waiting. Each call goes on its own: one that hangs holds
+    /// up no renewal behind it.
     async fn send_while_waiting(self: Arc<Self>) {
         loop {
             let next = {
                 let mut state = self.state.lock();
-                match state.waiting.iter().map(|w| w.by).min() {
-                    None => {
-                        state.sending = false;
-                        return;
-                    }
+                match state.first {
                     Some(first) if first > Instant::now() => Err(first),
-                    Some(_) => {
+                    _ => {
+                        // A renewal whose keeper stopped waiting (its
+                        // deadline passed, or it was stopped) is not sent.
+                        state.waiting.retain(|w| !w.answer.is_closed());
+                        if state.waiting.is_empty() {
+                            state.sending = false;
+                            state.first = None;
+                            return;
+                        }
                         let n = state.waiting.len().min(MAX_RENEWALS_PER_CALL);
-                        Ok((
-                            state.waiting.drain(..n).collect::<Vec<_>>(),
-                            state.one_by_one,
-                        ))
+                        let batch: Vec<Waiting> = state.waiting.drain(..n).collect();
+                        state.first = state.waiting.iter().map(|w| w.by).min();
+                        Ok((batch, state.one_by_one))
                     }
                 }
             };
-            let (batch, one_by_one) = match next {
-                Ok(due) => due,
+            match next {
+                Ok((batch, one_by_one)) => {
+                    tokio::spawn(self.clone().send(batch, one_by_one));
+                }
                 Err(first) => {
                     tokio::select! {
                         () = tokio::time::sleep_until(first) => {}
                         () = self.arrived.notified() => {}
                     }
-                    continue;
                 }
-            };
-            // The shortest wait of the batch: its keepers stop waiting then.
-            let attempt = batch
-                .iter()
-                .map(|w| w.attempt)
-                .min()
-                .unwrap_or(Duration::MAX);
-            if batch.len() == 1 || one_by_one {
-                let calls = batch.into_iter().map(|w| self.one(w, attempt));
-                futures::future::join_all(calls).await;
-            } else {
-                self.many(batch, attempt).await;
             }
+        }
+    }
+
+    /// One call: `batch`'s renewals together, or each alone.
+    async fn send(self: Arc<Self>, batch: Vec<Waiting>, one_by_one: bool) {
+        // The shortest wait of the batch: its keepers stop waiting then.
+        let attempt = batch
+            .iter()
+            .map(|w| w.attempt)
+            .min()
+            .unwrap_or(Duration::MAX);
+        if batch.len() == 1 || one_by_one {
+            let calls = batch.into_iter().map(|w| self.one(w, attempt));
+            futures::future::join_all(calls).await;
+        } else {
+            self.many(batch, attempt).await;
         }
     }
 
