@@ -246,9 +246,10 @@ mod tests {
     #[test]
     fn unknown_ops_are_refused() {
         assert_eq!(Op::try_from(0), Err(0));
-        assert_eq!(Op::try_from(8), Err(8));
+        assert_eq!(Op::try_from(9), Err(9));
         assert_eq!(Op::try_from(4), Ok(Op::Acquire));
         assert_eq!(Op::try_from(7), Ok(Op::Authenticate));
+        assert_eq!(Op::try_from(8), Ok(Op::KeepAliveMany));
     }
 
     proptest::proptest! {
