@@ -38,10 +38,12 @@
 //! - `mod.rs`: the arguments, what every client records, the clock, and
 //!   `bench()`, which runs a workload and hands the figures to the report.
 //! - `workloads.rs`: each workload's clients and their loops.
+//! - `sessions.rs`: the `sessions` workloads and their renewal schedule.
 //! - `stats.rs`: the server's CPU and memory, read from `/proc`.
 //! - `report.rs`: percentiles and totals, as text or JSON.
 
 mod report;
+mod sessions;
 mod stats;
 mod workloads;
 
@@ -57,8 +59,9 @@ use leasehold::Error;
 use serde_json::json;
 
 use report::report;
+use sessions::sessions;
 use stats::{cpu_seconds, rss_bytes};
-use workloads::{contended, cycle, hold, keep, renew, sessions, Shape};
+use workloads::{contended, cycle, hold, keep, renew, Shape};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Workload {
