@@ -32,9 +32,11 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +57,7 @@ def rss(pid):
 
 def start(nodes, workdir):
     """A fresh single node (no flags but its address and data dir) or a
-    cluster of `nodes`; returns (endpoint, processes, stop)."""
+    cluster of `nodes`; returns (endpoint, processes, stop, cluster or None)."""
     if nodes == 1:
         addr = f"127.0.0.1:{f.free_port()}"
         log = open(os.path.join(workdir, "node.log"), "ab")
@@ -66,36 +68,112 @@ def start(nodes, workdir):
         def stop():
             p.kill()
             p.wait()
-        return f"http://{addr}", [p], stop
+        return f"http://{addr}", [p], stop, None
     cluster = f.Cluster(nodes, workdir)
     cluster.wait_leader()
-    return "http://" + ",".join(cluster.addrs), cluster.procs, cluster.stop
+    return "http://" + ",".join(cluster.addrs), cluster.procs, cluster.stop, cluster
 
 
-def run(nodes, sessions, connections, ttl, seconds, workload="sessions"):
+def cycle_p99(endpoint, seconds, clients=50):
+    """`cycle` from `clients` other clients for `seconds`: (cycles/s, p99 ms)."""
+    out = subprocess.run(
+        [f.CLI, "--endpoint", endpoint, "bench", "--workload", "cycle", "--clients", str(clients),
+         "--duration", f"{seconds}s", "--json"],
+        capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    return r["ops_per_sec"], r["latency_ms"]["p99"]
+
+
+class Then(threading.Thread):
+    """What happens while the sessions bench runs, timed by the lines it
+    writes to stderr: `expire` measures other clients' `cycle` while the
+    sessions are idle and again while they expire; `kill` and `term` stop
+    the leader halfway through the window and time the first acquire
+    after it. Its findings go in `found`."""
+
+    def __init__(self, what, bench, endpoint, cluster, ttl, seconds):
+        super().__init__(daemon=True)
+        self.what, self.bench, self.endpoint, self.cluster = what, bench, endpoint, cluster
+        self.ttl, self.seconds, self.found, self.lines = ttl, seconds, {}, []
+        self.log = None
+
+    def run(self):
+        for line in self.bench.stderr:
+            self.lines.append(line)
+            if self.log:
+                self.log.write(line)
+                self.log.flush()
+            marker, _, at = line.strip().rpartition(" ")
+            if self.what in ("kill", "term") and marker == "sessions: renewing from":
+                time.sleep(self.seconds / 2)
+                self.stop_leader()
+            if self.what == "expire" and marker == "sessions: stopped renewing at":
+                self.storm(float(at))
+
+    def stop_leader(self):
+        leader = self.cluster.leader()
+        how = signal.SIGKILL if self.what == "kill" else signal.SIGTERM
+        stopped = time.monotonic()
+        self.found["stop_unix"] = time.time()
+        self.cluster.kill(leader, how)
+        g = f.acquire_anywhere(self.cluster, f"bench/first-after-{self.what}", 5000, stopped + 10)
+        self.found["first_acquire_ms"] = (time.monotonic() - stopped) * 1000 if g else None
+        self.found["node_stopped"] = leader + 1
+        self.found["leader_after"] = (self.cluster.leader() or -1) + 1
+
+    def storm(self, stopped):
+        """The sessions' leases, renewed last over the period before
+        `stopped`, expire over the period that ends a TTL after it."""
+        period = self.ttl / 3
+        calm_from, storm_from = stopped + 3, stopped + self.ttl - period - 1
+        calm_for = max(1, int(storm_from - calm_from - 3))
+        time.sleep(max(0, calm_from - time.time()))
+        self.found["calm"] = cycle_p99(self.endpoint, calm_for)
+        time.sleep(max(0, storm_from - time.time()))
+        self.found["storm"] = cycle_p99(self.endpoint, int(period + 2))
+
+
+def sample(pid, read, last):
+    try:
+        return read(pid)
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return last  # a node stopped on purpose (or stopping) keeps its last figure
+
+
+def run(nodes, sessions, connections, ttl, seconds, workload="sessions", then="nothing"):
     workdir = tempfile.mkdtemp(prefix="leasehold-sessions-")
-    endpoint, procs, stop = start(nodes, workdir)
+    endpoint, procs, stop, cluster = start(nodes, workdir)
     try:
         pids = [p.pid for p in procs]
         rss_before = [rss(p) for p in pids]
+        extra = ["--stop-renewing"] if then == "expire" else []
         bench = subprocess.Popen(
             [f.CLI, "--endpoint", endpoint, "bench", "--workload", workload, "--keys", str(sessions),
-             "--clients", str(connections), "--ttl", f"{ttl}s", "--duration", f"{seconds}s", "--json"],
+             "--clients", str(connections), "--ttl", f"{ttl}s", "--duration", f"{seconds}s", "--json",
+             *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        during = Then(then, bench, endpoint, cluster, ttl, seconds)
+        during.log = open(os.path.join(workdir, "bench.log"), "w")
+        during.start()
         # Every node's CPU time, sampled while the bench runs; the bench
         # reports its measured window, and the samples nearest its ends
         # give each node's share of a core over it.
         samples = []
+        last_cpu, last_rss = [0.0] * len(pids), [0] * len(pids)
         while bench.poll() is None:
             try:
                 mine = cpu_seconds(bench.pid)
             except (FileNotFoundError, ProcessLookupError):
                 mine = None
-            samples.append((time.time(), [cpu_seconds(p) for p in pids], [rss(p) for p in pids], mine))
+            last_cpu = [sample(p, cpu_seconds, c) for p, c in zip(pids, last_cpu)]
+            last_rss = [sample(p, rss, r) for p, r in zip(pids, last_rss)]
+            samples.append((time.time(), last_cpu, last_rss, mine))
             time.sleep(0.1)
-        stdout, stderr = bench.communicate()
+        stdout = bench.stdout.read()
+        bench.wait()
+        during.join(timeout=60)
         if bench.returncode != 0:
-            raise SystemExit(f"bench failed: {stderr.strip()[-500:]}")
+            raise SystemExit(f"bench failed: {''.join(during.lines).strip()[-500:]}")
         out = json.loads(stdout.strip().splitlines()[-1])
         opened, closed = out.get("window_unix", [samples[-1][0] - seconds, samples[-1][0]])
         begin, cpu_begin, _, gen_begin = min(samples, key=lambda s: abs(s[0] - opened))
@@ -106,6 +184,8 @@ def run(nodes, sessions, connections, ttl, seconds, workload="sessions"):
         out["node_cpu_share"] = [(b - a) / max(end - begin, 1e-9) for a, b in zip(cpu_begin, cpu_end)]
         out["node_rss_bytes"] = rss_end
         out["node_rss_growth_bytes"] = [a - b for a, b in zip(rss_end, rss_before)]
+        if then != "nothing":
+            out["then"] = dict(during.found, what=then)
         return out
     finally:
         stop()
@@ -128,7 +208,31 @@ def line(nodes, out):
             f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k; "
             f"load generator {out.get('generator_cpu_share', 0):.2f}); "
             f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k); "
-            f"granting {out['grant_seconds']:.1f} s")
+            f"granting {out['grant_seconds']:.1f} s" + then_line(out))
+
+
+def then_line(out):
+    then, text = out.get("then", {}), ""
+    if then.get("what") in ("kill", "term"):
+        took = then.get("first_acquire_ms")
+        text += (f"; {then['what']} of the leader (node {then.get('node_stopped')}): first acquire after "
+                 + (f"{took:.0f} ms" if took is not None else "none within 10 s")
+                 + f", node {then.get('leader_after')} leads")
+    expiry = out.get("sessions_expiry")
+    if expiry:
+        late = expiry["late_ms"]
+        spread = (expiry["last_unix"] or 0) - (expiry["first_unix"] or 0)
+        text += (f"; stopped renewing: {expiry['expired']:,} expired over {spread:.1f} s, "
+                 f"{expiry['not_expired']} not seen ({expiry['still_held']} still held; "
+                 f"the watch broke {expiry['watch_broken']} times), {expiry['early']} early "
+                 f"({expiry['early_within_resolution']} inside the table's 1 ms, at most "
+                 f"{expiry['earliest_ms']:.2f} ms); after their TTL "
+                 f"p50 {late['p50']:.0f} ms, p99 {late['p99']:.0f} ms, max {late['max']:.0f} ms")
+    for window in ("calm", "storm"):
+        if window in then:
+            rate, p99 = then[window]
+            text += f"; others' cycle {window}: {rate:,.0f}/s, p99 {p99:.1f} ms"
+    return text
 
 
 def main():
@@ -141,15 +245,20 @@ def main():
                     help="renewals due together in one call, or a call each")
     ap.add_argument("--ttl", type=int, default=30, help="lease TTL in seconds")
     ap.add_argument("--seconds", type=int, default=None, help="measured window (default: 2 x TTL/3)")
+    ap.add_argument("--then", choices=["nothing", "expire", "kill", "term"], default="nothing",
+                    help="expire: every session stops renewing when the window ends; "
+                         "kill, term: the leader is stopped halfway through it (3 nodes)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.then in ("kill", "term") and args.nodes != 3:
+        raise SystemExit("--then kill|term needs --nodes 3")
     for b in (f.BIN, f.CLI):
         if not os.path.exists(b):
             raise SystemExit("build first: cargo build --release --bin leaseholdd --bin leasehold")
     seconds = args.seconds or max(1, 2 * args.ttl // 3)
     for n in (int(s) for s in args.sessions.split(",")):
         workload = "sessions" if args.renew == "together" else "sessions-each"
-        out = run(args.nodes, n, args.connections or n, args.ttl, seconds, workload)
+        out = run(args.nodes, n, args.connections or n, args.ttl, seconds, workload, args.then)
         print(json.dumps(out) if args.json else line(args.nodes, out), flush=True)
 
 

@@ -180,6 +180,10 @@ enum Command {
         /// The server's pid, to report its CPU (with its child processes) and memory.
         #[arg(long)]
         server_pid: Option<u32>,
+        /// sessions: when the window ends, every session stops renewing at
+        /// once; report how late after its TTL each expired, and any early.
+        #[arg(long)]
+        stop_renewing: bool,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,

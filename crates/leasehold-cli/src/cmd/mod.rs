@@ -138,6 +138,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             keys,
             ttl,
             server_pid,
+            stop_renewing,
             json,
         } => {
             let endpoint = cli.endpoint.clone();
@@ -151,6 +152,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 keys,
                 ttl,
                 server_pid,
+                stop_renewing,
                 json,
             })
             .await

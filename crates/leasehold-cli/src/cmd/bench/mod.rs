@@ -18,7 +18,11 @@
 //!   A connection renews by the Rust client's rule: a call leaves when the
 //!   first renewal waiting is due and takes every renewal due within the
 //!   client's early window (`KeepAliveMany`). `sessions-each` sends a call per renewal, as
-//!   the Go, TypeScript and Python clients do.
+//!   the Go, TypeScript and Python clients do. A connection follows the
+//!   leader when its node fails, as a client would. With
+//!   `--stop-renewing`, every session stops renewing when the window ends
+//!   and the run watches each expire: how late after its TTL each expiry
+//!   came, and whether any came early.
 //! - `hold`: leaseholdd only: grow to `--keys` held locks on one lease;
 //!   reports the server's memory with `--server-pid`.
 //! - `keep`: any backend: `--clients` clients hold `--keys` locks between them
@@ -82,6 +86,7 @@ pub enum Workload {
     Keep,
 }
 
+#[derive(Clone)]
 pub struct Args {
     pub endpoint: String,
     pub tls: leasehold::TlsOptions,
@@ -93,6 +98,9 @@ pub struct Args {
     pub keys: u64,
     pub ttl: Duration,
     pub server_pid: Option<u32>,
+    /// `sessions`: when the window ends, every session stops renewing at
+    /// once, and the run watches each expire.
+    pub stop_renewing: bool,
     pub json: bool,
 }
 

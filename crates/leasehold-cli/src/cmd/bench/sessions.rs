@@ -1,10 +1,16 @@
 //! The `sessions` workloads: leases each holding a lock, renewed on
-//! schedule, together (as the Rust client renews) or a call each.
+//! schedule, together (as the Rust client renews) or a call each. A
+//! connection follows the leader when its node stops answering (a
+//! failover); with `--stop-renewing`, every session stops renewing when the
+//! window ends and the run watches each one expire.
 
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use leasehold::MAX_RENEWALS_PER_CALL;
@@ -14,6 +20,20 @@ use serde_json::json;
 use super::stats::rss_bytes;
 use super::workloads::{grpc, Grpc};
 use super::{run_then_join, Args, Shared};
+
+/// How soon a renewal whose call failed without an answer about its lease
+/// (its node gone, or no longer leading) is sent again, to whichever node
+/// leads by then.
+const RETRY: Duration = Duration::from_millis(50);
+
+/// The table's clock counts whole milliseconds: a renewal is stamped with
+/// the millisecond it arrived in, so its lease may end up to this much
+/// before a TTL after the renewal was sent (inside every client's margin).
+const TABLE_RESOLUTION: Duration = Duration::from_millis(1);
+
+/// How long past the last renewal's TTL `--stop-renewing` waits for the
+/// expiries it has not seen.
+const EXPIRY_GRACE: Duration = Duration::from_secs(5);
 
 /// Renewals sent and not yet answered, over all of a `sessions` run's
 /// connections: past it a renewal is not sent (`renewals_not_sent`), so a
@@ -53,22 +73,47 @@ impl SessionCounts {
     }
 }
 
+/// A renewal waiting in a [`Schedule`]: when it goes, its lease, and the
+/// time its latency counts from (when it was first due: a renewal sent
+/// again after a failed call counts the wait).
+type Pending = (tokio::time::Instant, u64, tokio::time::Instant);
+
 /// One connection's sessions by the time their next renewal is due, and
 /// a wake-up for its sender when one goes back in.
 #[derive(Default)]
 struct Schedule {
-    due: std::sync::Mutex<
-        std::collections::BinaryHeap<std::cmp::Reverse<(tokio::time::Instant, u64)>>,
-    >,
+    due: Mutex<BinaryHeap<Reverse<Pending>>>,
     changed: tokio::sync::Notify,
+    /// With `--stop-renewing`: when each lease's last renewal that was
+    /// answered (or its grant) was sent. The server ends it no sooner than
+    /// a TTL after that.
+    renewed: Option<Mutex<HashMap<u64, tokio::time::Instant>>>,
 }
 
 impl Schedule {
-    fn push(&self, due: tokio::time::Instant, lease: u64) {
+    fn new(track: bool) -> Self {
+        Self {
+            renewed: track.then(Mutex::default),
+            ..Self::default()
+        }
+    }
+
+    /// Puts `lease` back, due at `due`; a renewal that failed keeps the
+    /// time it was first due in `since`.
+    fn push(&self, due: tokio::time::Instant, lease: u64, since: tokio::time::Instant) {
         if let Ok(mut heap) = self.due.lock() {
-            heap.push(std::cmp::Reverse((due, lease)));
+            heap.push(Reverse((due, lease, since)));
         }
         self.changed.notify_one();
+    }
+
+    /// Notes that the renewals of `leases` sent at `sent` were answered.
+    fn renewed(&self, sent: tokio::time::Instant, leases: impl IntoIterator<Item = u64>) {
+        if let Some(Ok(mut renewed)) = self.renewed.as_ref().map(|r| r.lock()) {
+            for lease in leases {
+                renewed.insert(lease, sent);
+            }
+        }
     }
 
     /// Sleeps until `wake` (when the next renewal is due, if one is), at
@@ -82,37 +127,94 @@ impl Schedule {
     }
 
     /// The next renewal due by `now`, or when the next one is due.
-    fn next(
-        &self,
-        now: tokio::time::Instant,
-    ) -> Result<(tokio::time::Instant, u64), Option<tokio::time::Instant>> {
+    fn next(&self, now: tokio::time::Instant) -> Result<Pending, Option<tokio::time::Instant>> {
         let Ok(mut heap) = self.due.lock() else {
             return Err(None);
         };
         match heap.peek() {
-            Some(std::cmp::Reverse((due, _))) if *due <= now => {
-                heap.pop().map(|std::cmp::Reverse(next)| next).ok_or(None)
+            Some(Reverse((due, _, _))) if *due <= now => {
+                heap.pop().map(|Reverse(next)| next).ok_or(None)
             }
-            Some(std::cmp::Reverse((due, _))) => Err(Some(*due)),
+            Some(Reverse((due, _, _))) => Err(Some(*due)),
             None => Err(None),
         }
     }
+}
+
+/// A connection to the node that leads, made again to whichever node leads
+/// by then when a call on it fails without an answer (as a client follows
+/// a failover).
+struct Link {
+    args: Args,
+    /// The connection, and how many times it was made again.
+    current: Mutex<(u64, Grpc)>,
+    /// Held while the leader is looked for, so one failed call looks and the
+    /// others wait for what it found.
+    finding: tokio::sync::Mutex<()>,
+}
+
+impl Link {
+    async fn new(a: &Args) -> anyhow::Result<Arc<Self>> {
+        Ok(Arc::new(Self {
+            args: a.clone(),
+            current: Mutex::new((0, grpc(a).await?)),
+            finding: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    fn get(&self) -> (u64, Grpc) {
+        match self.current.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// A call on connection `seen` failed: connects to the node that leads
+    /// now, unless another failed call has already, trying for at most
+    /// `give_up`.
+    async fn follow(&self, seen: u64, give_up: Duration) {
+        let _one = self.finding.lock().await;
+        if self.get().0 != seen {
+            return;
+        }
+        let until = Instant::now() + give_up;
+        while Instant::now() < until {
+            if let Ok(client) = grpc(&self.args).await {
+                if let Ok(mut current) = self.current.lock() {
+                    *current = (seen + 1, client);
+                }
+                return;
+            }
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+}
+
+/// What a `sessions` connection renews with.
+struct Connection {
+    link: Arc<Link>,
+    schedule: Arc<Schedule>,
+    /// How often each lease renews: a third of its TTL.
+    period: Duration,
+    ttl: Duration,
+    shared: Arc<Shared>,
+    counts: Arc<SessionCounts>,
 }
 
 /// A `sessions` connection renewing by the Rust client's rule: a call
 /// leaves when the first renewal waiting is due and takes every renewal
 /// due within [`leasehold::keeper::early`] of now, as one `KeepAliveMany`;
 /// each call goes on its own.
-async fn renew_together(
-    client: Grpc,
-    schedule: Arc<Schedule>,
-    period: Duration,
-    ttl: Duration,
-    shared: Arc<Shared>,
-    counts: Arc<SessionCounts>,
-    granter: tokio::task::JoinHandle<()>,
-) {
-    let local = Arc::new(std::sync::Mutex::new(
+async fn renew_together(connection: Connection, granter: tokio::task::JoinHandle<()>) {
+    let Connection {
+        link,
+        schedule,
+        period,
+        ttl,
+        shared,
+        counts,
+    } = connection;
+    let local = Arc::new(Mutex::new(
         Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
     ));
     let early = leasehold::keeper::early(ttl);
@@ -137,9 +239,12 @@ async fn renew_together(
             schedule.nap(now, wake).await;
             continue;
         }
-        counts.sent(&shared, due.len());
-        let (mut client, schedule, shared, counts, local) = (
-            client.clone(),
+        // A renewal sent again after a failed call was counted as due the
+        // first time.
+        let first = due.iter().filter(|(at, _, since)| at == since).count();
+        counts.sent(&shared, first);
+        let (link, schedule, shared, counts, local) = (
+            link.clone(),
             schedule.clone(),
             shared.clone(),
             counts.clone(),
@@ -147,56 +252,59 @@ async fn renew_together(
         );
         tokio::spawn(async move {
             let request = pb::KeepAliveManyRequest {
-                lease_ids: due.iter().map(|(_, lease)| *lease).collect(),
+                lease_ids: due.iter().map(|(_, lease, _)| *lease).collect(),
             };
+            let (connection, mut client) = link.get();
+            let sent = tokio::time::Instant::now();
             let answer = tokio::time::timeout(ttl, client.keep_alive_many(request)).await;
-            let renewals = match answer {
+            let failed = match answer {
                 Ok(Ok(answer)) if answer.get_ref().renewals.len() == due.len() => {
-                    answer.into_inner().renewals
+                    let renewals = answer.into_inner().renewals;
+                    let Ok(mut local) = local.lock() else { return };
+                    let mut renewed = Vec::with_capacity(due.len());
+                    for ((_, lease, since), renewal) in due.into_iter().zip(renewals) {
+                        // The next is due a period after this one was first.
+                        let next = since + period;
+                        match (renewal.renewed, renewal.error) {
+                            (Some(answer), _) => {
+                                if answer.key_count == Some(0) {
+                                    counts.without_lock.fetch_add(1, Ordering::Relaxed);
+                                }
+                                shared.done(&mut local, since.elapsed().as_micros() as u64);
+                                renewed.push(lease);
+                                schedule.push(next, lease, next);
+                            }
+                            (None, Some(e))
+                                if matches!(
+                                    e.code.as_str(),
+                                    "lease_expired" | "lease_not_found"
+                                ) =>
+                            {
+                                counts.lost.fetch_add(1, Ordering::Relaxed);
+                            }
+                            (None, e) => {
+                                shared.status(&tonic::Status::unknown(format!(
+                                    "renewal refused: {e:?}"
+                                )));
+                                schedule.push(next, lease, next);
+                            }
+                        }
+                    }
+                    schedule.renewed(sent, renewed);
+                    return;
                 }
                 Ok(Ok(_)) => {
-                    shared.status(&tonic::Status::unknown(
-                        "an answer with another number of renewals than asked",
-                    ));
-                    Vec::new()
+                    tonic::Status::unknown("an answer with another number of renewals than asked")
                 }
-                Ok(Err(s)) => {
-                    shared.status(&s);
-                    Vec::new()
-                }
-                Err(_) => {
-                    shared.status(&tonic::Status::deadline_exceeded(
-                        "renewals: no answer within the TTL",
-                    ));
-                    Vec::new()
-                }
+                Ok(Err(s)) => s,
+                Err(_) => tonic::Status::deadline_exceeded("renewals: no answer within the TTL"),
             };
-            if renewals.is_empty() {
-                for (was_due, lease) in due {
-                    schedule.push(was_due + period, lease);
-                }
-                return;
-            }
-            let Ok(mut local) = local.lock() else { return };
-            for ((was_due, lease), renewal) in due.into_iter().zip(renewals) {
-                match (renewal.renewed, renewal.error) {
-                    (Some(renewed), _) => {
-                        if renewed.key_count == Some(0) {
-                            counts.without_lock.fetch_add(1, Ordering::Relaxed);
-                        }
-                        shared.done(&mut local, was_due.elapsed().as_micros() as u64);
-                        schedule.push(was_due + period, lease);
-                    }
-                    (None, Some(e))
-                        if matches!(e.code.as_str(), "lease_expired" | "lease_not_found") =>
-                    {
-                        counts.lost.fetch_add(1, Ordering::Relaxed);
-                    }
-                    (None, e) => {
-                        shared.status(&tonic::Status::unknown(format!("renewal refused: {e:?}")));
-                        schedule.push(was_due + period, lease);
-                    }
-                }
+            // No answer about any of them: to the leader, and again.
+            shared.status(&failed);
+            link.follow(connection, ttl).await;
+            let again = tokio::time::Instant::now() + RETRY;
+            for (_, lease, since) in due {
+                schedule.push(again, lease, since);
             }
         });
     }
@@ -207,6 +315,271 @@ async fn renew_together(
         Err(poisoned) => poisoned.into_inner().clone(),
     };
     shared.record(&mut local);
+}
+
+/// A `sessions-each` connection: a `KeepAlive` call per renewal due.
+async fn renew_each(
+    connection: Connection,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    granter: tokio::task::JoinHandle<()>,
+) {
+    let Connection {
+        link,
+        schedule,
+        period,
+        ttl,
+        shared,
+        counts,
+    } = connection;
+    let local = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
+    ));
+    while !shared.stop.load(Ordering::Relaxed) {
+        let now = tokio::time::Instant::now();
+        // Every renewal due by now, in due order; each goes back in,
+        // due a period after it was due.
+        let (due, lease, since) = match schedule.next(now) {
+            Ok(next) => next,
+            Err(wake) => {
+                schedule.nap(now, wake).await;
+                continue;
+            }
+        };
+        counts.sent(&shared, usize::from(due == since));
+        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+            counts.skipped.fetch_add(1, Ordering::Relaxed);
+            schedule.push(since + period, lease, since + period);
+            continue;
+        };
+        let (link, shared, counts, local, schedule) = (
+            link.clone(),
+            shared.clone(),
+            counts.clone(),
+            local.clone(),
+            schedule.clone(),
+        );
+        tokio::spawn(async move {
+            let (connection, mut client) = link.get();
+            let sent = tokio::time::Instant::now();
+            let call = client.keep_alive(pb::KeepAliveRequest { lease_id: lease });
+            let answer = tokio::time::timeout(ttl, call).await;
+            drop(permit);
+            let failed = match answer {
+                Ok(Ok(answer)) => {
+                    if answer.into_inner().key_count == Some(0) {
+                        counts.without_lock.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Ok(mut local) = local.lock() {
+                        shared.done(&mut local, since.elapsed().as_micros() as u64);
+                    }
+                    schedule.renewed(sent, [lease]);
+                    schedule.push(since + period, lease, since + period);
+                    return;
+                }
+                Ok(Err(s)) if session_ended(&s) => {
+                    counts.lost.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Ok(Err(s)) => s,
+                Err(_) => tonic::Status::deadline_exceeded("renewal: no answer within the TTL"),
+            };
+            shared.status(&failed);
+            link.follow(connection, ttl).await;
+            schedule.push(tokio::time::Instant::now() + RETRY, lease, since);
+        });
+    }
+    granter.abort();
+    // Answers still on their way end after the window: they do not
+    // count (see `Shared::done`), so nothing waits for them.
+    let mut local = match local.lock() {
+        Ok(local) => local.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    shared.record(&mut local);
+}
+
+/// With `--stop-renewing`: each session's expiry, as a watch on the
+/// sessions' keys saw it.
+struct Expiries {
+    /// (lease, when its key's `EXPIRED` event arrived).
+    seen: Arc<Mutex<Vec<(u64, tokio::time::Instant)>>>,
+    /// How often the watch broke (a watcher that falls behind a burst of
+    /// events is cut off) and was made again.
+    broken: Arc<AtomicU64>,
+    watcher: tokio::task::JoinHandle<()>,
+    client: Grpc,
+    prefix: String,
+}
+
+impl Expiries {
+    async fn watch(mut client: Grpc, prefix: &str) -> anyhow::Result<Self> {
+        let prefix = format!("{prefix}/");
+        let request = pb::WatchRequest {
+            prefix: prefix.clone(),
+            ..Default::default()
+        };
+        let mut stream = client
+            .watch(request)
+            .await
+            .context("watch the sessions' keys")?
+            .into_inner();
+        let (seen, broken) = (
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (into, breaks, mut again, key) =
+            (seen.clone(), broken.clone(), client.clone(), prefix.clone());
+        let watcher = tokio::spawn(async move {
+            // Where to resume: after the last event seen, while the node
+            // still has what followed it, else from now (what is missed
+            // is found by a listing at the end).
+            let mut last: Option<(u64, u32)> = None;
+            loop {
+                match stream.message().await {
+                    Ok(Some(event)) => {
+                        last = Some((event.index, event.seq));
+                        if event.kind == pb::lock_event::Kind::Expired as i32 {
+                            if let Ok(mut seen) = into.lock() {
+                                seen.push((event.lease_id, tokio::time::Instant::now()));
+                            }
+                        }
+                        continue;
+                    }
+                    Ok(None) | Err(_) => breaks.fetch_add(1, Ordering::Relaxed),
+                };
+                loop {
+                    let resume = pb::WatchRequest {
+                        prefix: key.clone(),
+                        after_index: last.map(|(index, _)| index),
+                        after_seq: last.map(|(_, seq)| seq),
+                    };
+                    match again.watch(resume).await {
+                        Ok(s) => {
+                            stream = s.into_inner();
+                            break;
+                        }
+                        Err(s) if s.message().contains("list the locks again") => last = None,
+                        Err(_) => tokio::time::sleep(RETRY).await,
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            seen,
+            broken,
+            watcher,
+            client,
+            prefix,
+        })
+    }
+
+    /// How many of the sessions' keys are still held.
+    async fn still_held(&mut self) -> anyhow::Result<u64> {
+        let (mut held, mut after) = (0, String::new());
+        loop {
+            let page = pb::ListLocksRequest {
+                prefix: self.prefix.clone(),
+                limit: 10_000,
+                start_after: after,
+                held_only: true,
+            };
+            let page = self.client.list_locks(page).await?.into_inner();
+            held += page.locks.len() as u64;
+            match page.next_start_after {
+                Some(next) => after = next,
+                None => return Ok(held),
+            }
+        }
+    }
+
+    fn count(&self) -> u64 {
+        self.seen.lock().map_or(0, |s| s.len() as u64)
+    }
+
+    /// Waits until every granted session's expiry was seen (or a TTL and
+    /// [`EXPIRY_GRACE`] have passed), then says how each came against its
+    /// lease's last renewal answered: the server may end a lease no sooner
+    /// than a TTL after that renewal was sent, less [`TABLE_RESOLUTION`]
+    /// (an expiry seen before is `early`: a broken promise; one inside the
+    /// resolution is counted apart), and `late_ms` is how long after that
+    /// its expiry arrived (an upper bound on how late the server ended it).
+    async fn finish(
+        mut self,
+        schedules: &[Arc<Schedule>],
+        granted: u64,
+        ttl: Duration,
+    ) -> serde_json::Value {
+        let stopped = tokio::time::Instant::now();
+        let until = stopped + ttl + EXPIRY_GRACE;
+        while tokio::time::Instant::now() < until && self.count() < granted {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.watcher.abort();
+        let held = self.still_held().await.ok();
+        // Read only now: a renewal answered after the window counts.
+        let mut renewed = HashMap::new();
+        for schedule in schedules {
+            if let Some(Ok(r)) = schedule.renewed.as_ref().map(|r| r.lock()) {
+                renewed.extend(r.iter().map(|(l, t)| (*l, *t)));
+            }
+        }
+        let seen = match self.seen.lock() {
+            Ok(seen) => seen.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        let mut late = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+        let (mut early, mut within, mut unknown) = (0u64, 0u64, 0u64);
+        let mut earliest = Duration::ZERO;
+        for (lease, at) in &seen {
+            let Some(sent) = renewed.get(lease) else {
+                unknown += 1;
+                continue;
+            };
+            let due = *sent + ttl;
+            if *at < due {
+                earliest = earliest.max(due - *at);
+                if due - *at > TABLE_RESOLUTION {
+                    early += 1;
+                } else {
+                    within += 1;
+                }
+            } else {
+                let _ = late.record((*at - due).as_micros().max(1) as u64);
+            }
+        }
+        let ms = |q: f64| late.value_at_quantile(q) as f64 / 1000.0;
+        let first = seen.iter().map(|(_, t)| *t).min();
+        let last = seen.iter().map(|(_, t)| *t).max();
+        json!({
+            "stopped_unix": unix(stopped.into_std()),
+            "expired": seen.len(),
+            "not_expired": granted.saturating_sub(seen.len() as u64),
+            "still_held": held,
+            "watch_broken": self.broken.load(Ordering::Relaxed),
+            "early": early,
+            "early_within_resolution": within,
+            "earliest_ms": earliest.as_secs_f64() * 1000.0,
+            "without_a_renewal_seen": unknown,
+            "late_ms": { "p50": ms(0.5), "p99": ms(0.99), "max": late.max() as f64 / 1000.0 },
+            "first_unix": first.map(|t| unix(t.into_std())),
+            "last_unix": last.map(|t| unix(t.into_std())),
+        })
+    }
+}
+
+/// `t` in seconds since the epoch.
+fn unix(t: Instant) -> f64 {
+    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
+    let then = match now.checked_duration_since(t) {
+        Some(ago) => wall.checked_sub(ago),
+        None => wall.checked_add(t.duration_since(now)),
+    };
+    then.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn unix_now() -> f64 {
+    unix(Instant::now())
 }
 
 /// Whether a failed renewal says the session is gone.
@@ -247,15 +620,19 @@ pub(super) async fn sessions(
     let in_flight = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
     bar.set_message("granting");
     let mut tasks = Vec::new();
+    let mut schedules = Vec::new();
+    let mut links = Vec::new();
     for c in 0..connections {
-        let client = grpc(a).await?;
-        let schedule = Arc::new(Schedule::default());
+        let link = Link::new(a).await?;
+        let schedule = Arc::new(Schedule::new(a.stop_renewing));
+        schedules.push(schedule.clone());
+        links.push(link.clone());
         // Grants this connection's share (session g when g % connections
         // == c), each with its lock, while the sender below keeps the ones
         // granted so far alive.
         let granter = {
             let (mut client, shared, schedule, prefix, granting, counts) = (
-                client.clone(),
+                link.get().1,
                 shared.clone(),
                 schedule.clone(),
                 prefix.clone(),
@@ -287,7 +664,8 @@ pub(super) async fn sessions(
                         }
                     };
                     counts.granted.fetch_add(1, Ordering::Relaxed);
-                    schedule.push(sent + period, lease);
+                    schedule.renewed(sent, [lease]);
+                    schedule.push(sent + period, lease, sent + period);
                     let lock = pb::AcquireRequest {
                         lease_id: lease,
                         key: format!("{prefix}/{g}"),
@@ -304,81 +682,19 @@ pub(super) async fn sessions(
                 granting.fetch_sub(1, Ordering::SeqCst);
             })
         };
-        if together {
-            tasks.push(tokio::spawn(renew_together(
-                client,
-                schedule,
-                period,
-                ttl,
-                shared.clone(),
-                counts.clone(),
-                granter,
-            )));
-            continue;
-        }
-        let (shared, counts, in_flight) = (shared.clone(), counts.clone(), in_flight.clone());
-        tasks.push(tokio::spawn(async move {
-            let local = Arc::new(std::sync::Mutex::new(
-                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-            ));
-            while !shared.stop.load(Ordering::Relaxed) {
-                let now = tokio::time::Instant::now();
-                // Every renewal due by now, in due order; each goes back in,
-                // due a period after it was due.
-                let (due, lease) = match schedule.next(now) {
-                    Ok(next) => next,
-                    Err(wake) => {
-                        schedule.nap(now, wake).await;
-                        continue;
-                    }
-                };
-                counts.sent(&shared, 1);
-                let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-                    counts.skipped.fetch_add(1, Ordering::Relaxed);
-                    schedule.push(due + period, lease);
-                    continue;
-                };
-                let (mut client, shared, counts, local, schedule) = (
-                    client.clone(),
-                    shared.clone(),
-                    counts.clone(),
-                    local.clone(),
-                    schedule.clone(),
-                );
-                tokio::spawn(async move {
-                    let call = client.keep_alive(pb::KeepAliveRequest { lease_id: lease });
-                    let answer = tokio::time::timeout(ttl, call).await;
-                    drop(permit);
-                    match answer {
-                        Ok(Ok(answer)) => {
-                            if answer.into_inner().key_count == Some(0) {
-                                counts.without_lock.fetch_add(1, Ordering::Relaxed);
-                            }
-                            if let Ok(mut local) = local.lock() {
-                                shared.done(&mut local, due.elapsed().as_micros() as u64);
-                            }
-                        }
-                        Ok(Err(s)) if session_ended(&s) => {
-                            counts.lost.fetch_add(1, Ordering::Relaxed);
-                            return;
-                        }
-                        Ok(Err(s)) => shared.status(&s),
-                        Err(_) => shared.status(&tonic::Status::deadline_exceeded(
-                            "renewal: no answer within the TTL",
-                        )),
-                    }
-                    schedule.push(due + period, lease);
-                });
-            }
-            granter.abort();
-            // Answers still on their way end after the window: they do not
-            // count (see `Shared::done`), so nothing waits for them.
-            let mut local = match local.lock() {
-                Ok(local) => local.clone(),
-                Err(poisoned) => poisoned.into_inner().clone(),
-            };
-            shared.record(&mut local);
-        }));
+        let connection = Connection {
+            link,
+            schedule,
+            period,
+            ttl,
+            shared: shared.clone(),
+            counts: counts.clone(),
+        };
+        tasks.push(if together {
+            tokio::spawn(renew_together(connection, granter))
+        } else {
+            tokio::spawn(renew_each(connection, in_flight.clone(), granter))
+        });
     }
     let setup = Instant::now();
     while granting.load(Ordering::SeqCst) > 0 {
@@ -386,8 +702,25 @@ pub(super) async fn sessions(
     }
     let grant_seconds = setup.elapsed().as_secs_f64();
     let rss_after = a.server_pid.and_then(rss_bytes);
+    // Expiries are watched from before the last renewal goes.
+    let expiries = match (a.stop_renewing, links.first()) {
+        (true, Some(link)) => Some(Expiries::watch(link.get().1, &prefix).await?),
+        _ => None,
+    };
     bar.set_message("renewing");
+    // A caller that acts during the window (bench/sessions.py stops the
+    // leader) goes by these lines.
+    eprintln!("sessions: renewing from {:.3}", unix_now());
     run_then_join(a.duration, shared, bar, tasks).await?;
+    if let Some(expiries) = expiries {
+        eprintln!("sessions: stopped renewing at {:.3}", unix_now());
+        bar.set_message("expiring");
+        let granted = counts.granted.load(Ordering::Relaxed);
+        extra.insert(
+            "sessions_expiry".into(),
+            expiries.finish(&schedules, granted, ttl).await,
+        );
+    }
     // The window as it was, for rates and for a caller that samples the
     // server's CPU itself (bench/sessions.py): in seconds since the epoch.
     let since = shared.measuring_since.lock().ok().and_then(|s| *s);
@@ -397,12 +730,6 @@ pub(super) async fn sessions(
         .ok()
         .and_then(|u| *u)
         .map(|(t, _)| t);
-    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
-    let unix = |t: Instant| {
-        wall.checked_sub(now.duration_since(t))
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0.0, |d| d.as_secs_f64())
-    };
     let seconds = match (since, until) {
         (Some(since), Some(until)) => {
             extra.insert("window_unix".into(), json!([unix(since), unix(until)]));
