@@ -115,9 +115,12 @@ class Then(threading.Thread):
         how = signal.SIGKILL if self.what == "kill" else signal.SIGTERM
         stopped = time.monotonic()
         self.found["stop_unix"] = time.time()
-        self.cluster.kill(leader, how)
+        # Not waited for before the acquire: a node stopped with SIGTERM
+        # hands over, then takes a snapshot before it exits.
+        self.cluster.procs[leader].send_signal(how)
         g = f.acquire_anywhere(self.cluster, f"bench/first-after-{self.what}", 5000, stopped + 10)
         self.found["first_acquire_ms"] = (time.monotonic() - stopped) * 1000 if g else None
+        self.cluster.procs[leader].wait()
         self.found["node_stopped"] = leader + 1
         self.found["leader_after"] = (self.cluster.leader() or -1) + 1
 

@@ -230,17 +230,30 @@ where
 /// next replication session from starting. Here each request is made to
 /// its end; the task stops when the input ends, when the requests side is
 /// dropped, or when the answers side is ([`Closing`]).
+///
+/// Nothing is read until the transport first asks for a request, which it
+/// does once it has reached the peer: making a request reads its entries
+/// from the log, and a session to a peer that is down is started again
+/// every few tens of milliseconds. With a million live leases that read
+/// was megabytes of entries decoded each time, enough to fill a new
+/// leader's thread while its old leader stayed down.
 fn pump<S>(
     mut input: S,
 ) -> (
-    ReceiverStream<AppendEntriesRequest<TypeConfig>>,
+    impl Stream<Item = AppendEntriesRequest<TypeConfig>>,
     AbortHandle,
 )
 where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
 {
     let (requests, read) = mpsc::channel(1);
+    let asked = Arc::new(Notify::new());
+    let first_ask = asked.clone();
     let task = tokio::spawn(async move {
+        tokio::select! {
+            () = first_ask.notified() => {}
+            () = requests.closed() => return,
+        }
         // Room first, so that a request is made only once it can be taken.
         while let Ok(room) = requests.reserve().await {
             let request = tokio::select! {
@@ -253,7 +266,16 @@ where
             }
         }
     });
-    (ReceiverStream::new(read), task.abort_handle())
+    let mut read = ReceiverStream::new(read);
+    let mut asking = Some(asked);
+    let requests = futures::stream::poll_fn(move |cx| {
+        if let Some(asked) = asking.take() {
+            // Kept if the task is not waiting yet.
+            asked.notify_one();
+        }
+        read.poll_next_unpin(cx)
+    });
+    (requests, task.abort_handle())
 }
 
 /// Whether `next` can carry `held` (an append with no entries): it goes on
@@ -614,6 +636,33 @@ mod tests {
                 (cannot.vote, cannot.prev_log_id, cannot.leader_commit, 0)
             );
         }
+    }
+
+    #[tokio::test]
+    async fn nothing_is_read_from_the_log_until_the_transport_asks() {
+        let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = taken.clone();
+        let input = stream::iter(vec![
+            append(1, 0, 2, 0),
+            append(1, 2, 3, 0),
+            append(1, 3, 4, 0),
+        ])
+        .inspect(move |_| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .chain(stream::pending());
+        let (mut requests, pumping) = pump(input);
+        // A transport that cannot reach its peer never asks.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let first = tokio::time::timeout(Duration::from_secs(5), requests.next())
+            .await
+            .expect("a request within 5 s once asked");
+        assert_eq!(first.map(|r| r.entries.len()), Some(2));
+        // Once asked, it reads one ahead, no more.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 2);
+        pumping.abort();
     }
 
     #[tokio::test]
