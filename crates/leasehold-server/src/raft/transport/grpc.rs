@@ -515,14 +515,21 @@ fn answer_stream(
 
 /// Opens the gRPC stream; `requests` are forwarded into it in order (the
 /// channel between holds one, so the stream's back-pressure reaches them)
-/// until the returned guard is dropped.
+/// until the returned guard is dropped. None is asked for before the peer
+/// has answered the opening (its handler answers before it reads a
+/// message): asking reads entries from the log, and a stream to a peer
+/// that is down is opened again every few tens of milliseconds.
 async fn open_append_stream(
     client: &mut RaftPeerClient<Channel>,
     mut requests: futures::stream::BoxStream<'static, Vec<u8>>,
     cluster: Option<u64>,
 ) -> Result<(tonic::Streaming<PeerMessage>, AbortOnDrop), Status> {
     let (forward, messages) = tokio::sync::mpsc::channel(1);
+    let (opened, open) = tokio::sync::oneshot::channel::<()>();
     let forwarding = tokio::spawn(async move {
+        if open.await.is_err() {
+            return;
+        }
         while let Some(bincode) = requests.next().await {
             if forward.send(PeerMessage { bincode }).await.is_err() {
                 break;
@@ -534,7 +541,9 @@ async fn open_append_stream(
     let guard = AbortOnDrop(forwarding.abort_handle());
     let messages = tokio_stream::wrappers::ReceiverStream::new(messages);
     let request = of_cluster(messages, cluster);
-    Ok((client.append_stream(request).await?.into_inner(), guard))
+    let answers = client.append_stream(request).await?.into_inner();
+    let _ = opened.send(());
+    Ok((answers, guard))
 }
 
 /// A call's request, naming the caller's cluster if it has one.
@@ -642,6 +651,36 @@ mod tests {
         // verdict (the peer may have been at its cap, or stopping).
         assert_eq!(framed_asked.load(std::sync::atomic::Ordering::SeqCst), 2);
         consensus.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_grpc_stream_to_a_peer_that_is_down_asks_for_no_request() {
+        // A port nothing listens on.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind")
+            .local_addr()
+            .expect("addr");
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .expect("an address")
+            .connect_lazy();
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = asked.clone();
+        let requests = futures::stream::poll_fn(move |_| {
+            // Each request asked for is entries read from the log.
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::task::Poll::Ready(Some(stale_append()))
+        })
+        .boxed();
+        let opened = tokio::time::timeout(
+            WITHIN,
+            open_append_stream(&mut RaftPeerClient::new(channel), requests, None),
+        )
+        .await
+        .expect("an outcome within 5 s");
+        assert!(opened.is_err());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 
     #[tokio::test]
