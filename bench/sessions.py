@@ -112,6 +112,9 @@ class Then(threading.Thread):
 
     def stop_leader(self):
         leader = self.cluster.leader()
+        if leader is None:
+            self.found["error"] = "no node led when the leader was to be stopped"
+            return
         how = signal.SIGKILL if self.what == "kill" else signal.SIGTERM
         stopped = time.monotonic()
         self.found["stop_unix"] = time.time()
@@ -122,7 +125,8 @@ class Then(threading.Thread):
         self.found["first_acquire_ms"] = (time.monotonic() - stopped) * 1000 if g else None
         self.cluster.procs[leader].wait()
         self.found["node_stopped"] = leader + 1
-        self.found["leader_after"] = (self.cluster.leader() or -1) + 1
+        after = self.cluster.leader()
+        self.found["leader_after"] = None if after is None else after + 1
 
     def storm(self, stopped):
         """The sessions' leases, renewed last over the period before
@@ -216,7 +220,9 @@ def line(nodes, out):
 
 def then_line(out):
     then, text = out.get("then", {}), ""
-    if then.get("what") in ("kill", "term"):
+    if then.get("error"):
+        text += f"; {then['error']}"
+    elif then.get("what") in ("kill", "term"):
         took = then.get("first_acquire_ms")
         text += (f"; {then['what']} of the leader (node {then.get('node_stopped')}): first acquire after "
                  + (f"{took:.0f} ms" if took is not None else "none within 10 s")

@@ -177,9 +177,11 @@ impl Link {
         if self.get().0 != seen {
             return;
         }
-        let until = Instant::now() + give_up;
-        while Instant::now() < until {
-            if let Ok(client) = grpc(&self.args).await {
+        let until = tokio::time::Instant::now() + give_up;
+        while tokio::time::Instant::now() < until {
+            // A peer that drops packets rather than refusing holds a
+            // connect up: bounded by what is left.
+            if let Ok(Ok(client)) = tokio::time::timeout_at(until, grpc(&self.args)).await {
                 if let Ok(mut current) = self.current.lock() {
                     *current = (seen + 1, client);
                 }
@@ -201,22 +203,52 @@ struct Connection {
     counts: Arc<SessionCounts>,
 }
 
+impl Connection {
+    /// Its parts, each to be cloned into the calls it spawns.
+    fn parts(
+        self,
+    ) -> (
+        Arc<Link>,
+        Arc<Schedule>,
+        Duration,
+        Duration,
+        Arc<Shared>,
+        Arc<SessionCounts>,
+    ) {
+        (
+            self.link,
+            self.schedule,
+            self.period,
+            self.ttl,
+            self.shared,
+            self.counts,
+        )
+    }
+}
+
+/// A connection's renewal latencies, in microseconds.
+fn latencies() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram")
+}
+
+/// Adds a connection's latencies to the run's. Answers still on their way
+/// end after the window: they do not count (see `Shared::done`), so
+/// nothing waits for them.
+fn record(shared: &Shared, local: &Mutex<Histogram<u64>>) {
+    let mut local = match local.lock() {
+        Ok(local) => local.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    };
+    shared.record(&mut local);
+}
+
 /// A `sessions` connection renewing by the Rust client's rule: a call
 /// leaves when the first renewal waiting is due and takes every renewal
 /// due within [`leasehold::keeper::early`] of now, as one `KeepAliveMany`;
 /// each call goes on its own.
 async fn renew_together(connection: Connection, granter: tokio::task::JoinHandle<()>) {
-    let Connection {
-        link,
-        schedule,
-        period,
-        ttl,
-        shared,
-        counts,
-    } = connection;
-    let local = Arc::new(Mutex::new(
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-    ));
+    let (link, schedule, period, ttl, shared, counts) = connection.parts();
+    let local = Arc::new(Mutex::new(latencies()));
     let early = leasehold::keeper::early(ttl);
     while !shared.stop.load(Ordering::Relaxed) {
         let now = tokio::time::Instant::now();
@@ -301,7 +333,9 @@ async fn renew_together(connection: Connection, granter: tokio::task::JoinHandle
             };
             // No answer about any of them: to the leader, and again.
             shared.status(&failed);
-            link.follow(connection, ttl).await;
+            if worth_following(&failed) {
+                link.follow(connection, ttl).await;
+            }
             let again = tokio::time::Instant::now() + RETRY;
             for (_, lease, since) in due {
                 schedule.push(again, lease, since);
@@ -309,12 +343,7 @@ async fn renew_together(connection: Connection, granter: tokio::task::JoinHandle
         });
     }
     granter.abort();
-    // Answers still on their way end after the window: they do not count.
-    let mut local = match local.lock() {
-        Ok(local) => local.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    };
-    shared.record(&mut local);
+    record(&shared, &local);
 }
 
 /// A `sessions-each` connection: a `KeepAlive` call per renewal due.
@@ -323,17 +352,8 @@ async fn renew_each(
     in_flight: Arc<tokio::sync::Semaphore>,
     granter: tokio::task::JoinHandle<()>,
 ) {
-    let Connection {
-        link,
-        schedule,
-        period,
-        ttl,
-        shared,
-        counts,
-    } = connection;
-    let local = Arc::new(Mutex::new(
-        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
-    ));
+    let (link, schedule, period, ttl, shared, counts) = connection.parts();
+    let local = Arc::new(Mutex::new(latencies()));
     while !shared.stop.load(Ordering::Relaxed) {
         let now = tokio::time::Instant::now();
         // Every renewal due by now, in due order; each goes back in,
@@ -384,18 +404,14 @@ async fn renew_each(
                 Err(_) => tonic::Status::deadline_exceeded("renewal: no answer within the TTL"),
             };
             shared.status(&failed);
-            link.follow(connection, ttl).await;
+            if worth_following(&failed) {
+                link.follow(connection, ttl).await;
+            }
             schedule.push(tokio::time::Instant::now() + RETRY, lease, since);
         });
     }
     granter.abort();
-    // Answers still on their way end after the window: they do not
-    // count (see `Shared::done`), so nothing waits for them.
-    let mut local = match local.lock() {
-        Ok(local) => local.clone(),
-        Err(poisoned) => poisoned.into_inner().clone(),
-    };
-    shared.record(&mut local);
+    record(&shared, &local);
 }
 
 /// With `--stop-renewing`: each session's expiry, as a watch on the
@@ -458,7 +474,7 @@ impl Expiries {
                             stream = s.into_inner();
                             break;
                         }
-                        Err(s) if s.message().contains("list the locks again") => last = None,
+                        Err(s) if leasehold_code(&s) == Some("watch_behind") => last = None,
                         Err(_) => tokio::time::sleep(RETRY).await,
                     }
                 }
@@ -582,13 +598,34 @@ fn unix_now() -> f64 {
     unix(Instant::now())
 }
 
+/// Whether a failed call may be the node's failing or no longer leading
+/// (so another node may answer), rather than about the call itself.
+fn worth_following(s: &tonic::Status) -> bool {
+    use tonic::Code;
+    leasehold_code(s) == Some("not_leader")
+        || !matches!(
+            s.code(),
+            Code::InvalidArgument
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::ResourceExhausted
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::OutOfRange
+        )
+}
+
+/// The `leasehold-code` a failed call carries, if any.
+fn leasehold_code(s: &tonic::Status) -> Option<&str> {
+    s.metadata()
+        .get("leasehold-code")
+        .and_then(|v| v.to_str().ok())
+}
+
 /// Whether a failed renewal says the session is gone.
 fn session_ended(s: &tonic::Status) -> bool {
-    let code = s
-        .metadata()
-        .get("leasehold-code")
-        .and_then(|v| v.to_str().ok());
-    matches!(code, Some("lease_expired" | "lease_not_found")) || s.code() == tonic::Code::NotFound
+    matches!(leasehold_code(s), Some("lease_expired" | "lease_not_found"))
+        || s.code() == tonic::Code::NotFound
 }
 
 /// `--keys` sessions (leases), each holding one lock, renewed every third
