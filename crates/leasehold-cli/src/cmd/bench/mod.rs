@@ -43,9 +43,11 @@
 //!   `bench()`, which runs a workload and hands the figures to the report.
 //! - `workloads.rs`: each workload's clients and their loops.
 //! - `sessions.rs`: the `sessions` workloads and their renewal schedule.
+//! - `expiries.rs`: `sessions --stop-renewing`'s watch on the expiries.
 //! - `stats.rs`: the server's CPU and memory, read from `/proc`.
 //! - `report.rs`: percentiles and totals, as text or JSON.
 
+mod expiries;
 mod report;
 mod sessions;
 mod stats;

@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use leasehold::MAX_RENEWALS_PER_CALL;
 use leasehold_proto::v1 as pb;
 use serde_json::json;
 
+use super::expiries::{unix, unix_now, Expiries};
 use super::stats::rss_bytes;
 use super::workloads::{grpc, Grpc};
 use super::{run_then_join, Args, Shared};
@@ -24,16 +24,7 @@ use super::{run_then_join, Args, Shared};
 /// How soon a renewal whose call failed without an answer about its lease
 /// (its node gone, or no longer leading) is sent again, to whichever node
 /// leads by then.
-const RETRY: Duration = Duration::from_millis(50);
-
-/// The table's clock counts whole milliseconds: a renewal is stamped with
-/// the millisecond it arrived in, so its lease may end up to this much
-/// before a TTL after the renewal was sent (inside every client's margin).
-const TABLE_RESOLUTION: Duration = Duration::from_millis(1);
-
-/// How long past the last renewal's TTL `--stop-renewing` waits for the
-/// expiries it has not seen.
-const EXPIRY_GRACE: Duration = Duration::from_secs(5);
+pub(super) const RETRY: Duration = Duration::from_millis(50);
 
 /// Renewals sent and not yet answered, over all of a `sessions` run's
 /// connections: past it a renewal is not sent (`renewals_not_sent`), so a
@@ -414,190 +405,6 @@ async fn renew_each(
     record(&shared, &local);
 }
 
-/// With `--stop-renewing`: each session's expiry, as a watch on the
-/// sessions' keys saw it.
-struct Expiries {
-    /// (lease, when its key's `EXPIRED` event arrived).
-    seen: Arc<Mutex<Vec<(u64, tokio::time::Instant)>>>,
-    /// How often the watch broke (a watcher that falls behind a burst of
-    /// events is cut off) and was made again.
-    broken: Arc<AtomicU64>,
-    watcher: tokio::task::JoinHandle<()>,
-    client: Grpc,
-    prefix: String,
-}
-
-impl Expiries {
-    async fn watch(mut client: Grpc, prefix: &str) -> anyhow::Result<Self> {
-        let prefix = format!("{prefix}/");
-        let request = pb::WatchRequest {
-            prefix: prefix.clone(),
-            ..Default::default()
-        };
-        let mut stream = client
-            .watch(request)
-            .await
-            .context("watch the sessions' keys")?
-            .into_inner();
-        let (seen, broken) = (
-            Arc::new(Mutex::new(Vec::new())),
-            Arc::new(AtomicU64::new(0)),
-        );
-        let (into, breaks, mut again, key) =
-            (seen.clone(), broken.clone(), client.clone(), prefix.clone());
-        let watcher = tokio::spawn(async move {
-            // Where to resume: after the last event seen, while the node
-            // still has what followed it, else from now (what is missed
-            // is found by a listing at the end).
-            let mut last: Option<(u64, u32)> = None;
-            loop {
-                match stream.message().await {
-                    Ok(Some(event)) => {
-                        last = Some((event.index, event.seq));
-                        if event.kind == pb::lock_event::Kind::Expired as i32 {
-                            if let Ok(mut seen) = into.lock() {
-                                seen.push((event.lease_id, tokio::time::Instant::now()));
-                            }
-                        }
-                        continue;
-                    }
-                    Ok(None) | Err(_) => breaks.fetch_add(1, Ordering::Relaxed),
-                };
-                loop {
-                    let resume = pb::WatchRequest {
-                        prefix: key.clone(),
-                        after_index: last.map(|(index, _)| index),
-                        after_seq: last.map(|(_, seq)| seq),
-                    };
-                    match again.watch(resume).await {
-                        Ok(s) => {
-                            stream = s.into_inner();
-                            break;
-                        }
-                        Err(s) if leasehold_code(&s) == Some("watch_behind") => last = None,
-                        Err(_) => tokio::time::sleep(RETRY).await,
-                    }
-                }
-            }
-        });
-        Ok(Self {
-            seen,
-            broken,
-            watcher,
-            client,
-            prefix,
-        })
-    }
-
-    /// How many of the sessions' keys are still held.
-    async fn still_held(&mut self) -> anyhow::Result<u64> {
-        let (mut held, mut after) = (0, String::new());
-        loop {
-            let page = pb::ListLocksRequest {
-                prefix: self.prefix.clone(),
-                limit: 10_000,
-                start_after: after,
-                held_only: true,
-            };
-            let page = self.client.list_locks(page).await?.into_inner();
-            held += page.locks.len() as u64;
-            match page.next_start_after {
-                Some(next) => after = next,
-                None => return Ok(held),
-            }
-        }
-    }
-
-    fn count(&self) -> u64 {
-        self.seen.lock().map_or(0, |s| s.len() as u64)
-    }
-
-    /// Waits until every granted session's expiry was seen (or a TTL and
-    /// [`EXPIRY_GRACE`] have passed), then says how each came against its
-    /// lease's last renewal answered: the server may end a lease no sooner
-    /// than a TTL after that renewal was sent, less [`TABLE_RESOLUTION`]
-    /// (an expiry seen before is `early`: a broken promise; one inside the
-    /// resolution is counted apart), and `late_ms` is how long after that
-    /// its expiry arrived (an upper bound on how late the server ended it).
-    async fn finish(
-        mut self,
-        schedules: &[Arc<Schedule>],
-        granted: u64,
-        ttl: Duration,
-    ) -> serde_json::Value {
-        let stopped = tokio::time::Instant::now();
-        let until = stopped + ttl + EXPIRY_GRACE;
-        while tokio::time::Instant::now() < until && self.count() < granted {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        self.watcher.abort();
-        let held = self.still_held().await.ok();
-        // Read only now: a renewal answered after the window counts.
-        let mut renewed = HashMap::new();
-        for schedule in schedules {
-            if let Some(Ok(r)) = schedule.renewed.as_ref().map(|r| r.lock()) {
-                renewed.extend(r.iter().map(|(l, t)| (*l, *t)));
-            }
-        }
-        let seen = match self.seen.lock() {
-            Ok(seen) => seen.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        };
-        let mut late = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
-        let (mut early, mut within, mut unknown) = (0u64, 0u64, 0u64);
-        let mut earliest = Duration::ZERO;
-        for (lease, at) in &seen {
-            let Some(sent) = renewed.get(lease) else {
-                unknown += 1;
-                continue;
-            };
-            let due = *sent + ttl;
-            if *at < due {
-                earliest = earliest.max(due - *at);
-                if due - *at > TABLE_RESOLUTION {
-                    early += 1;
-                } else {
-                    within += 1;
-                }
-            } else {
-                let _ = late.record((*at - due).as_micros().max(1) as u64);
-            }
-        }
-        let ms = |q: f64| late.value_at_quantile(q) as f64 / 1000.0;
-        let first = seen.iter().map(|(_, t)| *t).min();
-        let last = seen.iter().map(|(_, t)| *t).max();
-        json!({
-            "stopped_unix": unix(stopped.into_std()),
-            "expired": seen.len(),
-            "not_expired": granted.saturating_sub(seen.len() as u64),
-            "still_held": held,
-            "watch_broken": self.broken.load(Ordering::Relaxed),
-            "early": early,
-            "early_within_resolution": within,
-            "earliest_ms": earliest.as_secs_f64() * 1000.0,
-            "without_a_renewal_seen": unknown,
-            "late_ms": { "p50": ms(0.5), "p99": ms(0.99), "max": late.max() as f64 / 1000.0 },
-            "first_unix": first.map(|t| unix(t.into_std())),
-            "last_unix": last.map(|t| unix(t.into_std())),
-        })
-    }
-}
-
-/// `t` in seconds since the epoch.
-fn unix(t: Instant) -> f64 {
-    let (now, wall) = (Instant::now(), std::time::SystemTime::now());
-    let then = match now.checked_duration_since(t) {
-        Some(ago) => wall.checked_sub(ago),
-        None => wall.checked_add(t.duration_since(now)),
-    };
-    then.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0.0, |d| d.as_secs_f64())
-}
-
-fn unix_now() -> f64 {
-    unix(Instant::now())
-}
-
 /// Whether a failed call may be the node's failing or no longer leading
 /// (so another node may answer), rather than about the call itself.
 fn worth_following(s: &tonic::Status) -> bool {
@@ -616,7 +423,7 @@ fn worth_following(s: &tonic::Status) -> bool {
 }
 
 /// The `leasehold-code` a failed call carries, if any.
-fn leasehold_code(s: &tonic::Status) -> Option<&str> {
+pub(super) fn leasehold_code(s: &tonic::Status) -> Option<&str> {
     s.metadata()
         .get("leasehold-code")
         .and_then(|v| v.to_str().ok())
@@ -753,9 +560,20 @@ pub(super) async fn sessions(
         eprintln!("sessions: stopped renewing at {:.3}", unix_now());
         bar.set_message("expiring");
         let granted = counts.granted.load(Ordering::Relaxed);
+        // Read only once the expiries are in: a renewal answered after the
+        // window counts.
+        let renewed = || {
+            let mut renewed = HashMap::new();
+            for schedule in &schedules {
+                if let Some(Ok(r)) = schedule.renewed.as_ref().map(|r| r.lock()) {
+                    renewed.extend(r.iter().map(|(l, t)| (*l, *t)));
+                }
+            }
+            renewed
+        };
         extra.insert(
             "sessions_expiry".into(),
-            expiries.finish(&schedules, granted, ttl).await,
+            expiries.finish(renewed, granted, ttl).await,
         );
     }
     // The window as it was, for rates and for a caller that samples the
