@@ -17,12 +17,21 @@ processes it started.
     cargo build --release --bin leaseholdd --bin leasehold
     python3 bench/sessions.py [--nodes 1|3] [--sessions 10000,100000] [--connections 50]
                               [--renew together|each] [--ttl 30] [--seconds 20] [--json]
+                              [--store leaseholdd|etcd]
 
 --renew together (the default) renews by the Rust client's rule: a
 connection's call leaves when its first renewal waiting is due and takes
 every renewal due within a thirtieth of the TTL (at most 1 s), as one
 KeepAliveMany. --renew each sends a call per renewal, as the Go,
 TypeScript and Python clients do.
+
+--store etcd runs the same count against a fresh etcd cluster of --nodes
+members instead (etcd's defaults), through the `leasehold` crate's etcd
+backend (`leasehold bench --workload keep`): each session is an etcd lease
+holding one key, renewed every TTL/3 on its own keepalive stream, as that
+backend renews. It reports sessions lost and each member's CPU and RSS, for
+the comparison beside leaseholdd's figures (etcd's client gives no latency
+per renewal).
 
 Figures are of this machine at the time of the run: compare runs made in one
 session, never absolute numbers across days (bench/results.md).
@@ -38,6 +47,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import failover as f  # noqa: E402  (its cluster of release nodes and helpers)
@@ -72,6 +82,43 @@ def start(nodes, workdir):
     cluster = f.Cluster(nodes, workdir)
     cluster.wait_leader()
     return "http://" + ",".join(cluster.addrs), cluster.procs, cluster.stop, cluster
+
+
+def start_etcd(members, workdir):
+    """A fresh etcd cluster of `members` with etcd's defaults; returns
+    (endpoint, processes, stop)."""
+    ports = [(f.free_port(), f.free_port()) for _ in range(members)]
+    initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+    procs = []
+    for i, (port, peer) in enumerate(ports):
+        log = open(os.path.join(workdir, f"etcd-m{i}.log"), "ab")
+        procs.append(subprocess.Popen(
+            ["etcd", "--name", f"m{i}", "--data-dir", os.path.join(workdir, f"etcd-m{i}"),
+             "--listen-client-urls", f"http://127.0.0.1:{port}",
+             "--advertise-client-urls", f"http://127.0.0.1:{port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", initial, "--initial-cluster-state", "new"],
+            stdout=log, stderr=log))
+
+    def stop():
+        for p in procs:
+            p.kill()
+            p.wait()
+    deadline = time.time() + 30
+    for port, _ in ports:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if b"true" in r.read():
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                stop()
+                raise SystemExit(f"etcd on port {port} is not healthy after 30 s: see its log in {workdir}")
+            time.sleep(0.1)
+    return "etcd://" + ",".join(f"127.0.0.1:{port}" for port, _ in ports), procs, stop
 
 
 def cycle_p99(endpoint, seconds, clients=50):
@@ -149,7 +196,11 @@ def sample(pid, read, last):
 
 def run(nodes, sessions, connections, ttl, seconds, workload="sessions", then="nothing"):
     workdir = tempfile.mkdtemp(prefix="leasehold-sessions-")
-    endpoint, procs, stop, cluster = start(nodes, workdir)
+    if workload == "keep":
+        endpoint, procs, stop = start_etcd(nodes, workdir)
+        cluster = None
+    else:
+        endpoint, procs, stop, cluster = start(nodes, workdir)
     try:
         pids = [p.pid for p in procs]
         rss_before = [rss(p) for p in pids]
@@ -197,6 +248,20 @@ def run(nodes, sessions, connections, ttl, seconds, workload="sessions", then="n
     finally:
         stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def etcd_line(nodes, out):
+    n = out["locks_held"]
+    per = 100_000 / max(n, 1)
+    rss_mib = ", ".join(f"{b / 2**20:.0f}" for b in out["node_rss_bytes"])
+    cpu = ", ".join(f"{c:.2f}" for c in out["node_cpu_share"])
+    growth = max(out["node_rss_growth_bytes"])
+    return (f"etcd, {nodes} member(s), {n:,} leases each holding a key, each renewed at TTL/3 on its own "
+            f"keepalive stream over {out['clients']} client(s): lost {out['locks_lost']}; "
+            f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k; "
+            f"load generator {out.get('generator_cpu_share', 0):.2f}); "
+            f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k); "
+            f"granting {out['setup_seconds']:.1f} s; errors {out['errors']}")
 
 
 def line(nodes, out):
@@ -257,8 +322,14 @@ def main():
     ap.add_argument("--then", choices=["nothing", "expire", "kill", "term"], default="nothing",
                     help="expire: every session stops renewing when the window ends; "
                          "kill, term: the leader is stopped halfway through it (3 nodes)")
+    ap.add_argument("--store", choices=["leaseholdd", "etcd"], default="leaseholdd",
+                    help="etcd: the same sessions on an etcd cluster, through the crate's etcd backend")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.store == "etcd" and (args.then != "nothing" or args.renew != "together"):
+        raise SystemExit("--store etcd runs sessions renewed as the etcd backend renews: no --then, no --renew")
+    if args.store == "etcd" and not shutil.which("etcd"):
+        raise SystemExit("etcd is not on PATH: install it (Debian: apt-get install etcd-server)")
     if args.then in ("kill", "term") and args.nodes != 3:
         raise SystemExit("--then kill|term needs --nodes 3")
     for b in (f.BIN, f.CLI):
@@ -267,8 +338,11 @@ def main():
     seconds = args.seconds or max(1, 2 * args.ttl // 3)
     for n in (int(s) for s in args.sessions.split(",")):
         workload = "sessions" if args.renew == "together" else "sessions-each"
+        if args.store == "etcd":
+            workload = "keep"
         out = run(args.nodes, n, args.connections or n, args.ttl, seconds, workload, args.then)
-        print(json.dumps(out) if args.json else line(args.nodes, out), flush=True)
+        show = etcd_line if args.store == "etcd" else line
+        print(json.dumps(out) if args.json else show(args.nodes, out), flush=True)
 
 
 if __name__ == "__main__":

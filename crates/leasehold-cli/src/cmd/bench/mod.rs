@@ -306,6 +306,11 @@ pub async fn bench(a: Args) -> anyhow::Result<i32> {
         "setup_seconds".into(),
         json!(measured_from.duration_since(started).as_secs_f64()),
     );
+    // The window in seconds since the epoch, for a script that samples the
+    // servers' CPU itself (bench/sessions.py).
+    extra
+        .entry("window_unix")
+        .or_insert_with(|| json!([expiries::unix(measured_from), expiries::unix(until)]));
     bar.finish_and_clear();
     if let (Some(pid), Some(before)) = (a.server_pid, cpu_before) {
         if let Some(after) = cpu_after {
