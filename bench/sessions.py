@@ -250,37 +250,34 @@ def run(nodes, sessions, connections, ttl, seconds, workload="sessions", then="n
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def etcd_line(nodes, out):
-    n = out["locks_held"]
+def costs(out, n):
+    """Each node's CPU and RSS, and both per 100,000 of `n` sessions."""
     per = 100_000 / max(n, 1)
     rss_mib = ", ".join(f"{b / 2**20:.0f}" for b in out["node_rss_bytes"])
     cpu = ", ".join(f"{c:.2f}" for c in out["node_cpu_share"])
     growth = max(out["node_rss_growth_bytes"])
+    return (f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k; "
+            f"load generator {out.get('generator_cpu_share', 0):.2f}); "
+            f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k)")
+
+
+def etcd_line(nodes, out):
+    n = out["locks_held"]
     return (f"etcd, {nodes} member(s), {n:,} leases each holding a key, each renewed at TTL/3 on its own "
             f"keepalive stream over {out['clients']} client(s): lost {out['locks_lost']}; "
-            f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k; "
-            f"load generator {out.get('generator_cpu_share', 0):.2f}); "
-            f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k); "
-            f"granting {out['setup_seconds']:.1f} s; errors {out['errors']}")
+            f"{costs(out, n)}; granting {out['setup_seconds']:.1f} s; errors {out['errors']}")
 
 
 def line(nodes, out):
     n = out.get("sessions_granted", out["sessions"])
-    per = 100_000 / n
     lat = out["latency_ms"]
-    rss_mib = ", ".join(f"{b / 2**20:.0f}" for b in out["node_rss_bytes"])
-    cpu = ", ".join(f"{c:.2f}" for c in out["node_cpu_share"])
-    growth = max(out["node_rss_growth_bytes"])
     return (f"{nodes} node(s), {n:,} sessions over {out['connections']:,} connection(s): "
             f"renewals due {out['renewals_due_per_sec']:,.0f}/s, done {out['renewals_done_per_sec']:,.0f}/s "
             f"({out.get('renewals_per_call', 1):,.1f} per call); "
             f"from due: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms; "
             f"lost {out['sessions_lost']} (locks {out['renewals_without_their_lock']}), "
             f"not sent {out['renewals_not_sent']}; "
-            f"CPU (cores) {cpu} ({max(out['node_cpu_share']) * per:.2f} per 100k; "
-            f"load generator {out.get('generator_cpu_share', 0):.2f}); "
-            f"RSS MiB {rss_mib} (+{growth * per / 2**20:.1f} MiB per 100k); "
-            f"granting {out['grant_seconds']:.1f} s" + then_line(out))
+            f"{costs(out, n)}; granting {out['grant_seconds']:.1f} s" + then_line(out))
 
 
 def then_line(out):
