@@ -13,6 +13,11 @@ pub enum TableBug {
     LifoQueue,
     /// An expiry never starts the hold's lock-delay.
     NoLockDelay,
+    /// A new leader forgets the renewals of each lease's last TTL, as one
+    /// that kept renewals only in memory would: instead of a full TTL from
+    /// its takeover, a lease's deadline goes back a TTL, and a lease renewed
+    /// on time expires at the takeover.
+    ForgetRenewals,
 }
 
 thread_local! {

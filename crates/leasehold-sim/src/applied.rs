@@ -12,6 +12,11 @@
 //! - **lock-delay**: after a hold with a lock-delay expires, nobody is
 //!   granted the key until that much table time has passed.
 //!
+//! It also keeps what the server did to each lock and lease, with the
+//! world's time at which a node first applied it (the entry was committed
+//! by then): the server's side of the history that
+//! [`linearizable`](crate::linearizable) checks.
+//!
 //! Only exclusive holds are followed (the simulation's workload takes no
 //! others). An index no node applied (every node that had it took a
 //! snapshot past it) ends the checks for the run: the queues before it are
@@ -22,8 +27,52 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use leasehold_core::{Command, Event, LeaseId, Mode, Response, Time};
+use leasehold_core::{Command, Event, Fence, LeaseId, Mode, Response, Time};
 use leasehold_server::raft::{AppliedCommand, ApplyTap};
+
+use crate::history::{History, Micros};
+
+/// What the server did, as the log has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Served {
+    /// A key was granted.
+    Granted {
+        /// The key.
+        key: Arc<str>,
+        /// The token.
+        fence: Fence,
+        /// The holding lease.
+        lease: LeaseId,
+    },
+    /// A hold ended: released (by its holder, a revoke, or nobody coming
+    /// back for it after a new leadership), or expired with its lease.
+    Ended {
+        /// The key.
+        key: Arc<str>,
+        /// The token that held it.
+        fence: Fence,
+        /// The lease that held it.
+        lease: LeaseId,
+        /// Whether its lease expired.
+        expired: bool,
+    },
+    /// A lease expired.
+    LeaseExpired {
+        /// The lease.
+        lease: LeaseId,
+    },
+}
+
+/// Something the server did, and when a node first applied it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedAt {
+    /// The world's time of the first apply.
+    pub at: Micros,
+    /// The log index.
+    pub index: u64,
+    /// What.
+    pub what: Served,
+}
 
 /// What was followed, and what broke.
 #[derive(Debug, Clone, Default)]
@@ -38,6 +87,8 @@ pub struct AppliedStats {
     pub gap_at: Option<u64>,
     /// Each broken property, one line each.
     pub violations: Vec<String>,
+    /// What the server did to locks and leases, in log order.
+    pub served: Vec<ServedAt>,
 }
 
 #[derive(Default)]
@@ -55,10 +106,21 @@ struct Model {
 }
 
 /// The applied log of a run, shared by its nodes' taps.
-#[derive(Clone, Default)]
-pub struct AppliedLog(Arc<Mutex<Model>>);
+#[derive(Clone)]
+pub struct AppliedLog {
+    model: Arc<Mutex<Model>>,
+    clock: History,
+}
 
 impl AppliedLog {
+    /// An empty log, timing what it takes in on `clock`.
+    pub fn new(clock: History) -> AppliedLog {
+        AppliedLog {
+            model: Arc::default(),
+            clock,
+        }
+    }
+
     /// A tap for one node's state machine.
     pub fn tap(&self) -> ApplyTap {
         let log = self.clone();
@@ -67,11 +129,11 @@ impl AppliedLog {
 
     /// What was followed so far, and what broke.
     pub fn stats(&self) -> AppliedStats {
-        self.0.lock().stats.clone()
+        self.model.lock().stats.clone()
     }
 
     fn observe(&self, index: u64, commands: &[AppliedCommand]) {
-        let mut model = self.0.lock();
+        let mut model = self.model.lock();
         if model.stats.gap_at.is_some() || index <= model.last {
             return;
         }
@@ -81,8 +143,10 @@ impl AppliedLog {
         }
         model.last = index;
         model.stats.entries += 1;
+        let at = self.clock.now();
         for c in commands {
             model.apply(index, c);
+            model.serve(at, index, &c.events);
         }
     }
 }
@@ -96,6 +160,33 @@ fn inner(command: &Command) -> &Command {
 }
 
 impl Model {
+    fn serve(&mut self, at: Micros, index: u64, events: &[Event]) {
+        let served = events.iter().filter_map(|event| match event {
+            Event::Acquired {
+                key, fence, lease, ..
+            } => Some(Served::Granted {
+                key: key.clone(),
+                fence: *fence,
+                lease: *lease,
+            }),
+            Event::Released {
+                key, fence, lease, ..
+            }
+            | Event::Expired {
+                key, fence, lease, ..
+            } => Some(Served::Ended {
+                key: key.clone(),
+                fence: *fence,
+                lease: *lease,
+                expired: matches!(event, Event::Expired { .. }),
+            }),
+            Event::LeaseExpired { lease } => Some(Served::LeaseExpired { lease: *lease }),
+            _ => None,
+        });
+        let stamped = served.map(|what| ServedAt { at, index, what });
+        self.stats.served.extend(stamped);
+    }
+
     fn apply(&mut self, index: u64, c: &AppliedCommand) {
         // The wait this command may add: its lease comes from the answer
         // (a `GrantAndAcquire` makes the lease).

@@ -178,22 +178,36 @@ impl SimClient {
                 holder: me.clone(),
                 request_id: request_id(),
             };
+            let grant_sent = self.history.now();
             let answer = caller.call(grant, quick, ttl).await;
             self.record_answer("grant", &answer);
             let Ok(ClientAnswer::Lease(lease)) = answer else {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
-            let renewer = caller.clone();
+            self.history.record(Event::Renewed {
+                client: self.id,
+                lease,
+                sent: grant_sent,
+            });
+            let (renewer, history, client) = (caller.clone(), self.history.clone(), self.id);
             let renew = move || {
-                let renewer = renewer.clone();
+                let (renewer, history) = (renewer.clone(), history.clone());
                 async move {
                     let attempt = (ttl / 6).max(Duration::from_millis(200));
+                    let sent = history.now();
                     match renewer
                         .call(ClientCall::KeepAlive(lease), attempt, attempt)
                         .await
                     {
-                        Ok(_) => Ok(()),
+                        Ok(_) => {
+                            history.record(Event::Renewed {
+                                client,
+                                lease,
+                                sent,
+                            });
+                            Ok(())
+                        }
                         Err(Failed::Refused(e)) => Err(RenewError::Lost(e.to_string())),
                         Err(Failed::Unavailable) => {
                             Err(RenewError::Transient("no node answered".into()))
@@ -334,6 +348,11 @@ impl SimClient {
                     why,
                 });
                 keeper.stop().await;
+                self.history.record(Event::ReleaseSent {
+                    client: self.id,
+                    key: key.clone(),
+                    fence: grant.fence,
+                });
                 let release = ClientCall::Release {
                     key: key.clone(),
                     fence: grant.fence,

@@ -35,6 +35,17 @@ pub enum Event {
         /// The checkpoint the grant carried: its token and bytes.
         checkpoint: Option<(Fence, Vec<u8>)>,
     },
+    /// A call that gives a lease a full TTL, its grant or a renewal, was
+    /// acknowledged: the server may not end the lease sooner than a TTL after
+    /// `sent` (less what its clock may drift).
+    Renewed {
+        /// The client.
+        client: usize,
+        /// The lease.
+        lease: LeaseId,
+        /// When the call was first sent (a retry sends the same one).
+        sent: Micros,
+    },
     /// A client sent a checkpoint save (a retry sends the same bytes).
     CheckpointSent {
         /// The client.
@@ -86,6 +97,15 @@ pub enum Event {
         /// between this and the record's time (a process frozen after the
         /// gate answered records it only when it thaws).
         sent: Micros,
+    },
+    /// A client sent a release (a retry sends the same one).
+    ReleaseSent {
+        /// The client.
+        client: usize,
+        /// The key.
+        key: String,
+        /// The token to release.
+        fence: Fence,
     },
     /// A client's release was acknowledged.
     Released {

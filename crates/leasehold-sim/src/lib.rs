@@ -28,7 +28,9 @@
 //! that was never a member joining, and clocks that drift by up to
 //! [`MAX_DRIFT`]. The [`checker`] states what every history must satisfy;
 //! [`applied`] follows what the nodes applied, for FIFO order and
-//! lock-delay. [`chaos`] runs the same checker over real processes. Bugs can be planted ([`Bug`]) to show the
+//! lock-delay; [`linearizable`] holds expiries to the lease rule and checks
+//! each lock's history for linearizability against what the nodes applied.
+//! [`chaos`] runs the same checker over real processes. Bugs can be planted ([`Bug`]) to show the
 //! checker catches them.
 
 #[cfg(not(tokio_unstable))]
@@ -42,6 +44,7 @@ pub mod checker;
 pub mod client;
 pub mod disk;
 pub mod history;
+pub mod linearizable;
 pub mod nemesis;
 pub mod net;
 pub mod node;
@@ -87,11 +90,14 @@ pub enum Bug {
     LifoQueue,
     /// An expiry never starts the hold's lock-delay.
     NoLockDelay,
+    /// A new leader forgets the renewals of each lease's last TTL, and
+    /// expires leases renewed on time.
+    ForgetRenewals,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 8] = [
         Bug::AckBeforeFsync,
         Bug::BlindRelease,
         Bug::DeadlineFromReply,
@@ -99,6 +105,7 @@ impl Bug {
         Bug::LostCheckpoint,
         Bug::LifoQueue,
         Bug::NoLockDelay,
+        Bug::ForgetRenewals,
     ];
 
     /// Its name on the command line.
@@ -111,6 +118,7 @@ impl Bug {
             Bug::LostCheckpoint => "lost-checkpoint",
             Bug::LifoQueue => "lifo-queue",
             Bug::NoLockDelay => "no-lock-delay",
+            Bug::ForgetRenewals => "forget-renewals",
         }
     }
 }
@@ -193,6 +201,9 @@ pub struct Report {
     pub verdict: Verdict,
     /// What the nodes applied, as followed for FIFO order and lock-delay.
     pub applied: applied::AppliedStats,
+    /// What the lease rule and linearizability checks covered; none when an
+    /// index no node applied left the server's side unknown.
+    pub linearized: Option<linearizable::Checked>,
     /// A digest of the whole history: equal for equal seeds.
     pub digest: u64,
     /// Everything recorded.
@@ -380,7 +391,7 @@ impl Sandbox {
         let mut world = World::new(seed, TICK, history.clone());
         let members: Vec<u64> = (1..=nodes as u64).collect();
         let registry = node::Registry::default();
-        let applied = applied::AppliedLog::default();
+        let applied = applied::AppliedLog::new(history.clone());
         let (mut hosts, mut disks) = (Vec::new(), Vec::new());
         for &id in &members {
             let parts = node_parts(
@@ -457,6 +468,7 @@ pub fn run(config: &Config) -> Report {
     let _planted = PlantedTable::new(match config.bug {
         Some(Bug::LifoQueue) => Some(TableBug::LifoQueue),
         Some(Bug::NoLockDelay) => Some(TableBug::NoLockDelay),
+        Some(Bug::ForgetRenewals) => Some(TableBug::ForgetRenewals),
         _ => None,
     });
     let members: Vec<u64> = (1..=config.nodes as u64).collect();
@@ -568,6 +580,16 @@ pub fn run(config: &Config) -> Report {
     verdict
         .violations
         .extend(applied.violations.iter().cloned());
+    // Without every index the server's side is unknown past the gap.
+    let linearized = applied
+        .gap_at
+        .is_none()
+        .then(|| linearizable::check(&records, &applied.served, TTL));
+    if let Some(checked) = &linearized {
+        verdict
+            .violations
+            .extend(checked.violations.iter().cloned());
+    }
     let mut hasher = DefaultHasher::new();
     for r in &records {
         r.to_string().hash(&mut hasher);
@@ -592,6 +614,7 @@ pub fn run(config: &Config) -> Report {
             .count() as u64,
         verdict,
         applied,
+        linearized,
         digest: hasher.finish(),
         history: records,
     }

@@ -34,7 +34,8 @@ struct Args {
     #[arg(long, default_value_t = 12)]
     faulty_secs: u64,
     /// Plant a bug: ack-before-fsync, blind-release, deadline-from-reply,
-    /// stale-read, lost-checkpoint, lifo-queue, no-lock-delay.
+    /// stale-read, lost-checkpoint, lifo-queue, no-lock-delay,
+    /// forget-renewals.
     #[arg(long)]
     bug: Option<Bug>,
     /// Print the whole history of a single seed.
@@ -66,6 +67,7 @@ fn main() {
     let (mut ops, mut failed, mut longest, mut lost) = (0u64, Vec::new(), (0u64, 0u64), 0u64);
     let mut exits = Vec::new();
     let (mut queue_grants, mut delays, mut gaps) = (0u64, 0u64, 0u64);
+    let (mut histories, mut linearized_ops, mut expiries) = (0u64, 0u64, 0u64);
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     for (i, &seed) in seeds.iter().enumerate() {
         if i > 0 && i % 1000 == 0 {
@@ -86,6 +88,11 @@ fn main() {
         delays += report.applied.delays;
         gaps += u64::from(report.applied.gap_at.is_some());
         lost += report.lost_writes;
+        if let Some(checked) = &report.linearized {
+            histories += checked.keys;
+            linearized_ops += checked.operations;
+            expiries += checked.expiries;
+        }
         if report.exits > 0 {
             exits.push(seed);
         }
@@ -120,6 +127,9 @@ fn main() {
     println!("unsynced log writes dropped or torn by crashes: {lost}");
     println!(
         "followed for FIFO and lock-delay: {queue_grants} grants from queues, {delays} lock-delays; runs cut short by an index no node applied: {gaps}"
+    );
+    println!(
+        "checked for linearizability: {histories} lock histories of {linearized_ops} operations; lease expiries held to the TTL after their last acknowledged renewal: {expiries}"
     );
     println!(
         "seeds in which a node's raft stopped and the node was restarted: {} {:?}",

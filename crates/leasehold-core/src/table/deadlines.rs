@@ -197,6 +197,11 @@ impl LockTable {
     pub(super) fn restamp(&mut self, now: Time) {
         let state = &mut self.state;
         for lease in state.leases.values_mut() {
+            #[cfg(feature = "planted-bugs")]
+            if crate::planted::is(crate::planted::TableBug::ForgetRenewals) {
+                lease.deadline = lease.deadline.saturating_sub(lease.ttl_ms);
+                continue;
+            }
             lease.deadline = now.saturating_add(lease.ttl_ms);
         }
         let expiries = state.leases.iter().map(|(id, l)| (l.deadline, *id));
