@@ -131,5 +131,76 @@ fn apply(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply);
+/// A table of `n` leases holding a lock each, granted over `n / 40` ms.
+fn sessions(n: u64) -> LockTable {
+    let mut table = LockTable::new();
+    let mut events = Vec::new();
+    for i in 0..n {
+        let at = Stamp {
+            now: i / 40,
+            epoch: 1,
+        };
+        let command = Command::GrantAndAcquire {
+            ttl_ms: 30_000,
+            holder: "bench".into(),
+            key: format!("bench/session/{i:08}"),
+            wait_ms: 0,
+            lock_delay_ms: 0,
+            request_id: 0,
+            mode: leasehold_core::Mode::Exclusive,
+        };
+        table.apply(at, command, &mut events).unwrap();
+        events.clear();
+    }
+    table
+}
+
+/// A new leader's first entry, and a snapshot (bincode, as a server writes
+/// it) before a takeover, just after one, and once every lease was renewed
+/// after it.
+fn takeover(c: &mut Criterion) {
+    let n = 100_000;
+    let table = sessions(n);
+    let takeover = Stamp {
+        now: n / 40 + 1,
+        epoch: 2,
+    };
+    let mut taken = table.clone();
+    taken
+        .apply(takeover, Command::Tick, &mut Vec::new())
+        .unwrap();
+    let mut renewed = taken.clone();
+    for lease in 1..=n {
+        let at = Stamp {
+            now: takeover.now + 1,
+            epoch: 2,
+        };
+        renewed
+            .apply(at, Command::KeepAlive { lease }, &mut Vec::new())
+            .unwrap();
+    }
+    let mut group = c.benchmark_group("takeover, 100k sessions");
+    group.sample_size(20);
+    group.bench_function("the new leader's first entry", |b| {
+        b.iter_batched(
+            || table.clone(),
+            // The table is handed back, so its drop is not timed.
+            |mut t| {
+                let outcome = t.apply(takeover, Command::Tick, &mut Vec::new());
+                (t, outcome)
+            },
+            BatchSize::LargeInput,
+        );
+    });
+    for (name, t) in [
+        ("snapshot before it", &table),
+        ("snapshot just after it", &taken),
+        ("snapshot, every lease renewed since", &renewed),
+    ] {
+        group.bench_function(name, |b| b.iter(|| bincode::serialize(t).unwrap()));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, apply, takeover);
 criterion_main!(benches);

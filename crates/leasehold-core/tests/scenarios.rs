@@ -295,6 +295,10 @@ fn a_new_epoch_gives_every_lease_its_full_ttl_again() {
     t.fence(a, "k");
     t.epoch = 2;
     t.at(900).run(Command::Tick).unwrap();
+    // Its own deadline (1,000) passes: the takeover's (1,900) holds.
+    t.at(1_000).run(Command::Tick).unwrap();
+    let left = t.table.lease(a, 1_000).map(|l| l.ttl_left_ms);
+    assert_eq!(left, Some(900), "the lease shows the deadline in effect");
     t.at(1_800).run(Command::Tick).unwrap();
     assert!(
         t.table.lock("k", 1_800).and_then(|l| l.holder).is_some(),
@@ -302,6 +306,31 @@ fn a_new_epoch_gives_every_lease_its_full_ttl_again() {
     );
     t.at(1_900).run(Command::Tick).unwrap();
     assert!(t.table.lock("k", 1_900).is_none());
+}
+
+#[test]
+fn each_takeover_gives_a_full_ttl_from_itself_and_a_renewal_from_itself() {
+    let mut t = T::new();
+    let a = t.lease(1_000, "a");
+    let b = t.lease(1_000, "b");
+    t.fence(a, "ka");
+    t.fence(b, "kb");
+    t.epoch = 2;
+    t.at(500).run(Command::Tick).unwrap();
+    // A second takeover before anything came due: 1,700 for both.
+    t.epoch = 3;
+    t.at(700).run(Command::Tick).unwrap();
+    // b is renewed after it: 2,100 for b.
+    t.at(1_100).run(Command::KeepAlive { lease: b }).unwrap();
+    t.at(1_699).run(Command::Tick).unwrap();
+    assert!(t.table.lease(a, 1_699).is_some(), "a expired early");
+    t.at(1_700).run(Command::Tick).unwrap();
+    assert!(t.table.lease(a, 1_700).is_none(), "a outlived its TTL");
+    assert!(t.table.lock("ka", 1_700).is_none());
+    t.at(2_099).run(Command::Tick).unwrap();
+    assert!(t.table.lease(b, 2_099).is_some(), "b expired early");
+    t.at(2_100).run(Command::Tick).unwrap();
+    assert!(t.table.lease(b, 2_100).is_none(), "b outlived its TTL");
 }
 
 #[test]
@@ -947,7 +976,8 @@ fn the_work_of_a_command_counts_the_keys_of_every_lease_it_ends() {
         2,
         "an unknown lease ends nothing"
     );
-    // A newer epoch restamps every lease and walks every key.
+    // A newer epoch detaches every queued wait (b's on a/1), and walks
+    // neither the leases nor the keys: their restamp is lazy.
     let restamp = Stamp { now: 500, epoch: 2 };
-    assert_eq!(t.table.work(restamp, &tick), 1 + 2 + 5);
+    assert_eq!(t.table.work(restamp, &tick), 1 + 1);
 }

@@ -93,6 +93,12 @@ impl LockTable {
             if lease.deadline <= self.state.now {
                 return Err(format!("lease {id} is past its deadline but live"));
             }
+            if let Some(r) = self.restamped {
+                // Dropping the restamp at `settled_by` is safe only so.
+                if lease.deadline < self.expiry(lease) && lease.deadline > r.settled_by {
+                    return Err(format!("lease {id} waits for a restamp past its end"));
+                }
+            }
             if !self.state.deadlines.has_lease(lease.deadline, *id) {
                 return Err(format!("lease {id} has no deadline entry"));
             }

@@ -74,8 +74,10 @@ pub type Outcome = Result<Response, LockError>;
 /// give the same state, responses and events. The snapshot is the persisted
 /// state alone (see `state.rs`); the indexes and counts beside it are rebuilt
 /// from it on load, so a restored table continues exactly where the original
-/// stood.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// stood. Two tables are equal when everything they would act on is: a lease
+/// still waiting for a takeover's restamp compares by the deadline in effect
+/// (see `Restamp`, in `deadlines.rs`).
+#[derive(Debug, Clone)]
 pub struct LockTable {
     /// Everything the snapshot holds.
     state: TableState,
@@ -87,6 +89,10 @@ pub struct LockTable {
     /// wait for), kept like `held_keys`: a quota per token reads it on
     /// every grant and acquire. Not in the snapshot: counted again on load.
     owned: BTreeMap<TokenId, Owned>,
+    /// The latest takeover's restamp, while some lease may still carry a
+    /// deadline from before it. Not in the snapshot: the snapshot writes
+    /// every deadline as it is in effect, so a loaded table has none.
+    restamped: Option<deadlines::Restamp>,
 }
 
 /// How far a restore moves the token and lease id sequences: to the first

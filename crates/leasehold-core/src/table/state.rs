@@ -3,15 +3,18 @@
 //!
 //! A [`LockTable`] is written as its [`TableState`] and nothing else, and read
 //! back as one, from which [`LockTable::rebuilt`] derives the rest. A field
-//! added to `TableState` is therefore written, read and restored with no other
-//! change; a field that is derived belongs beside it in `LockTable` (or is
-//! `#[serde(skip)]`) and is filled in by `rebuilt`.
+//! added to `TableState` is therefore read and restored with no other change,
+//! and written so once it is added to `Restamped` too (how a table whose
+//! takeover restamp is pending writes itself); a field that is derived
+//! belongs beside it in `LockTable` (or is `#[serde(skip)]`) and is filled
+//! in by `rebuilt`.
 //!
 //! The format is bincode 1 of `TableState`: its fields one after another, in
 //! the order they are declared, with nothing around them. Reordering fields,
 //! or changing how one is written, changes the format that snapshots already
 //! on disk were written in; `tests/snapshot_format.rs` pins it.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::marker::PhantomData;
@@ -24,7 +27,7 @@ use crate::auth::{AuthState, TokenId};
 use crate::{Fence, LeaseId, RequestId, Time};
 
 use super::answers::{deserialize_answers, serialize_sorted, Answers, Caller};
-use super::deadlines::Deadlines;
+use super::deadlines::{Deadlines, DeadlinesAt};
 use super::lock::{Lease, Lock, Set};
 use super::{LockTable, Owned};
 
@@ -127,6 +130,7 @@ impl LockTable {
             state,
             held_keys,
             owned,
+            restamped: None,
         }
     }
 }
@@ -164,12 +168,126 @@ where
     d.deserialize_map(Entries(PhantomData))
 }
 
-/// A table is written as its persisted state alone.
+/// A table is written as its persisted state alone, each lease with the
+/// deadline in effect: a pending restamp is written as if it had been
+/// applied to every lease (`Restamp`, in `deadlines.rs`).
 impl Serialize for LockTable {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.state.serialize(serializer)
+        if self.restamped.is_none() {
+            return self.state.serialize(serializer);
+        }
+        // Every field named, so that one added to `TableState` and not
+        // written here does not compile.
+        let TableState {
+            now,
+            epoch,
+            next_lease,
+            next_fence,
+            leases,
+            locks,
+            deadlines,
+            answered,
+            answered_order,
+            auth,
+            sets,
+        } = &self.state;
+        // The leases the restamp moves: all of them just after a takeover,
+        // only those nobody renewed since a little later.
+        let (mut moved, mut moved_ids) = (Vec::new(), Vec::new());
+        for (id, lease) in leases {
+            let expiry = self.expiry(lease);
+            if expiry != lease.deadline {
+                moved.push((expiry, *id));
+                moved_ids.push(*id);
+            }
+        }
+        if moved.is_empty() {
+            return self.state.serialize(serializer);
+        }
+        moved.sort_unstable();
+        Restamped {
+            now: *now,
+            epoch: *epoch,
+            next_lease: *next_lease,
+            next_fence: *next_fence,
+            leases: LeasesAt(self),
+            locks,
+            deadlines: deadlines.with_moved(&moved, &moved_ids),
+            answered,
+            answered_order,
+            auth,
+            sets,
+        }
+        .serialize(serializer)
     }
 }
+
+/// [`TableState`] as it is written while a restamp is pending: the same
+/// fields, in the same order, written the same way, but for the leases'
+/// deadlines. A field added to `TableState` is added here too (the
+/// compiler asks for it in `serialize` above); the property test
+/// `a_snapshot_after_any_step_acts_as_its_table` compares the two encodings.
+#[derive(Serialize)]
+#[serde(rename = "TableState")]
+struct Restamped<'a> {
+    now: Time,
+    epoch: u64,
+    next_lease: LeaseId,
+    next_fence: Fence,
+    leases: LeasesAt<'a>,
+    locks: &'a BTreeMap<Arc<str>, Lock>,
+    deadlines: DeadlinesAt<'a>,
+    #[serde(serialize_with = "serialize_sorted")]
+    answered: &'a Answers,
+    answered_order: &'a VecDeque<(Time, Caller, RequestId)>,
+    auth: &'a AuthState,
+    sets: &'a BTreeMap<Fence, Set>,
+}
+
+/// A table's leases, each written with the deadline in effect.
+struct LeasesAt<'a>(&'a LockTable);
+
+impl Serialize for LeasesAt<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let table = self.0;
+        serializer.collect_map(table.state.leases.iter().map(|(id, lease)| {
+            let at = Lease::new(
+                lease.holder.clone(),
+                lease.ttl_ms,
+                table.expiry(lease),
+                lease.owner,
+            );
+            (*id, at)
+        }))
+    }
+}
+
+/// Two tables are equal when everything they act on is: their persisted
+/// states with every lease at the deadline in effect, and the counts kept
+/// beside them.
+impl PartialEq for LockTable {
+    fn eq(&self, other: &Self) -> bool {
+        fn settled(table: &LockTable) -> Cow<'_, LockTable> {
+            if table.restamped.is_none() {
+                return Cow::Borrowed(table);
+            }
+            let mut table = table.clone();
+            table.settle();
+            Cow::Owned(table)
+        }
+        let (a, b) = (settled(self), settled(other));
+        // Every field named, so that one added to `LockTable` is compared.
+        let LockTable {
+            state,
+            held_keys,
+            owned,
+            restamped: _,
+        } = &*a;
+        (state, held_keys, owned) == (&b.state, &b.held_keys, &b.owned)
+    }
+}
+
+impl Eq for LockTable {}
 
 /// A table is read as its persisted state, then its indexes are rebuilt.
 impl<'de> Deserialize<'de> for LockTable {

@@ -188,8 +188,8 @@ impl LockTable {
     /// About how many keys applying `commands` at `stamp` would touch: one
     /// for each command, the keys and waits of every lease they end (by
     /// expiry or revoke), one for each wait, lock-delay and re-attach
-    /// window that runs out, and every lease and key when a newer epoch
-    /// restamps the table. Ending a lease that holds a million keys is a
+    /// window that runs out, and every queued wait, re-attach window and
+    /// lease due when a newer epoch restamps the table. Ending a lease that holds a million keys is a
     /// single command; a server uses this to run such a command where it
     /// holds up nothing else. Costs about one step per lease or wait due.
     pub fn work<'a>(&self, stamp: Stamp, commands: impl IntoIterator<Item = &'a Command>) -> usize {
@@ -201,7 +201,10 @@ impl LockTable {
         };
         let mut keys = 0;
         if stamp.epoch > self.state.epoch {
-            keys += self.state.leases.len() + self.state.locks.len();
+            // Every lease due by then is moved to a TTL from the takeover
+            // (after a long outage, all of them): a step each.
+            keys +=
+                self.state.deadlines.restamp_work() + self.state.deadlines.leases_due(stamp.now);
         }
         keys += self.state.deadlines.work_due(stamp.now, lease_keys);
         for mut command in commands {
@@ -352,7 +355,7 @@ impl LockTable {
         self.state
             .leases
             .get(&id)
-            .map(|l| view_lease(id, l, now, usize::MAX))
+            .map(|l| view_lease(id, l, self.expiry(l), now, usize::MAX))
     }
 
     /// Leases in id order, after the id `start_after` (a cursor: the last id
@@ -385,7 +388,7 @@ impl LockTable {
             .range((Bound::Excluded(start_after), Bound::Unbounded))
             .filter(|(_, l)| visible(l.owner))
             .take(limit)
-            .map(|(id, l)| view_lease(*id, l, now, max_keys))
+            .map(|(id, l)| view_lease(*id, l, self.expiry(l), now, max_keys))
             .collect()
     }
 
@@ -399,7 +402,7 @@ impl LockTable {
                 .state
                 .leases
                 .get(&h.lease)
-                .map_or(0, |l| l.deadline.saturating_sub(now)),
+                .map_or(0, |l| self.expiry(l).saturating_sub(now)),
             mode: h.mode.name(),
         };
         let permits = lock
@@ -430,12 +433,12 @@ impl LockTable {
     }
 }
 
-fn view_lease(id: LeaseId, lease: &Lease, now: Time, max_keys: usize) -> LeaseView {
+fn view_lease(id: LeaseId, lease: &Lease, expiry: Time, now: Time, max_keys: usize) -> LeaseView {
     LeaseView {
         lease: id,
         holder: lease.holder.to_string(),
         ttl_ms: lease.ttl_ms,
-        ttl_left_ms: lease.deadline.saturating_sub(now),
+        ttl_left_ms: expiry.saturating_sub(now),
         keys: lease
             .held
             .iter()
