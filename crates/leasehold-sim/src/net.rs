@@ -122,6 +122,10 @@ pub struct NetStats {
     pub lost: u64,
     /// Requests refused because the node was down.
     pub refused: u64,
+    /// Of those, streams (of appends) refused.
+    pub refused_streams: u64,
+    /// Streams (of appends) opened.
+    pub streams_opened: u64,
 }
 
 /// Shared by every host of one world.
@@ -359,8 +363,11 @@ impl Net {
                     })
                     .is_ok()
             });
-            if !sent {
+            if sent {
+                state.stats.streams_opened += 1;
+            } else {
                 state.stats.refused += 1;
+                state.stats.refused_streams += 1;
             }
             sent
         };

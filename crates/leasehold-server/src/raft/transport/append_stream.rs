@@ -24,6 +24,7 @@
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +40,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::peer::retry_after;
 use super::{decode, encode, AnswerStream, Transport, TransportError};
 use super::{Heard, PeerError};
 use crate::raft::{LogId, NodeId, Raft, TypeConfig};
@@ -234,9 +236,9 @@ where
 /// Nothing is read until the transport first asks for a request, which it
 /// does once it has reached the peer: making a request reads its entries
 /// from the log, and a session to a peer that is down is started again
-/// every few tens of milliseconds. With a million live leases that read
-/// was megabytes of entries decoded each time, enough to fill a new
-/// leader's thread while its old leader stayed down.
+/// every half second. With a million live leases that read was megabytes
+/// of entries decoded each time, enough to fill a new leader's thread
+/// while its old leader stayed down.
 fn pump<S>(
     mut input: S,
 ) -> (
@@ -301,6 +303,16 @@ where
     S: Stream<Item = AppendEntriesRequest<TypeConfig>> + OptionalSend + Unpin + 'static,
 {
     let within = option.soft_ttl();
+    // openraft's backoff waits in making a request, and no request is made
+    // before the stream is open (see `pump`): a stream that failed to open
+    // waits here instead, or it is opened again as fast as it is refused.
+    // The wait ends early once the peer answers anything (a heartbeat): it
+    // is back, and a leadership handed to it must not wait on this.
+    let wait = match peer.failed_opens.load(Ordering::Relaxed) {
+        0 => Duration::ZERO,
+        failures => retry_after(failures),
+    };
+    let (heard, target, since) = (peer.heard.clone(), peer.target, Instant::now());
     let in_flight = Arc::new(InFlight::new());
     let (input, pumping) = pump(input);
     let requests = Requests::new(input, in_flight.clone());
@@ -311,10 +323,17 @@ where
     .boxed();
     // Not waited for here: the first requests go out with the opening, and
     // the deadline of the oldest unanswered one covers the opening too. A
-    // stream that opens sending nothing must open within OPEN_WITHIN.
+    // stream that opens sending nothing must open within OPEN_WITHIN after
+    // the wait.
+    let open = transport.append_stream(peer.target, &peer.addr, requests);
     let opening = Opened::Opening(
-        transport.append_stream(peer.target, &peer.addr, requests),
-        Instant::now() + within.max(OPEN_WITHIN),
+        Box::pin(async move {
+            if !wait.is_zero() {
+                heard.answer_after(target, since, since + wait).await;
+            }
+            open.await
+        }),
+        since + wait + within.max(OPEN_WITHIN),
     );
     let state = (opening, Closing(in_flight, pumping), peer, VecDeque::new());
     let answers = futures::stream::unfold(Some(state), move |state| async move {
@@ -369,12 +388,17 @@ async fn next_answer(
                 tokio::select! {
                     opened = opening => match opened {
                         Ok(open) => {
+                            peer.failed_opens.store(0, Ordering::Relaxed);
                             *answers = Opened::Open(open);
                             continue;
                         }
-                        Err(e) => return Some(Err(peer.transport_error(e))),
+                        Err(e) => {
+                            peer.failed_opens.fetch_add(1, Ordering::Relaxed);
+                            return Some(Err(peer.transport_error(e)));
+                        }
                     },
                     _ = tokio::time::sleep_until(by) => {
+                        peer.failed_opens.fetch_add(1, Ordering::Relaxed);
                         return Some(Err(peer.network("the stream of appends did not open in time".into())));
                     }
                     _ = in_flight.first_sent.notified(), if oldest.is_none() => continue,
@@ -441,6 +465,9 @@ pub(in crate::raft) struct Peer {
     pub target: NodeId,
     pub addr: String,
     pub heard: Arc<Heard>,
+    /// Streams to it that failed to open since one last opened, counted
+    /// across the sessions of one replication.
+    pub failed_opens: Arc<AtomicU32>,
 }
 
 impl Peer {

@@ -11,8 +11,11 @@
 //! at most 3 MiB (openraft's `snapshot_max_chunk_size`), so a snapshot of a
 //! million held locks crosses as a few dozen calls. A call is cut off at the
 //! soft deadline openraft gives it; a peer that cannot be connected to is
-//! reported unreachable, and openraft backs off from it (100, 200, 400 ms,
-//! then every 500 ms). A node that listens on a specific address makes its
+//! reported unreachable, and its appends are tried again after 100, 200
+//! and 400 ms, then every 500 ms (openraft's backoff, and for a stream
+//! that did not open, `append_stream`'s, which ends as soon as the peer
+//! answers a heartbeat; openraft's heartbeats go on, one each heartbeat
+//! interval). A node that listens on a specific address makes its
 //! connections to peers from that address too, so a peer (or a
 //! fault-injecting proxy in front of it) can tell the nodes apart by their
 //! source address.
@@ -205,6 +208,26 @@ impl Heard {
     pub fn since(&self, peer: NodeId) -> Option<Duration> {
         let last = *self.last.lock().get(&peer)?;
         Some(last.elapsed())
+    }
+
+    /// Waits until `until`, or until `peer` answers after `since` if that
+    /// comes first (a peer back up answers the leader's heartbeats).
+    pub(in crate::raft) async fn answer_after(
+        &self,
+        peer: NodeId,
+        since: tokio::time::Instant,
+        until: tokio::time::Instant,
+    ) {
+        /// How often the wait looks for an answer.
+        const LOOK_EVERY: Duration = Duration::from_millis(20);
+        loop {
+            let answered = self.last.lock().get(&peer).is_some_and(|at| *at > since);
+            let now = tokio::time::Instant::now();
+            if answered || now >= until {
+                return;
+            }
+            tokio::time::sleep_until(until.min(now + LOOK_EVERY)).await;
+        }
     }
 }
 
