@@ -154,7 +154,7 @@ pub async fn run_locked(
         shutdown.await;
         tracing::info!("shutting down");
         notify_systemd(sd_notify::NotifyState::Stopping);
-        handing_over.hand_over_leadership().await;
+        handing_over.stand_down().await;
         let _ = signal.send(true);
     });
 

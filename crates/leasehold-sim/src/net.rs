@@ -126,6 +126,8 @@ pub struct NetStats {
     pub refused_streams: u64,
     /// Streams (of appends) opened.
     pub streams_opened: u64,
+    /// Vote and pre-vote calls made (campaigns).
+    pub votes_asked: u64,
 }
 
 /// Shared by every host of one world.
@@ -478,6 +480,9 @@ impl Transport for SimTransport {
         call: PeerCall,
         payload: Vec<u8>,
     ) -> BoxFuture<'static, Result<Vec<u8>, TransportError>> {
+        if matches!(call, PeerCall::Vote | PeerCall::PreVote) {
+            self.net.lock().stats.votes_asked += 1;
+        }
         let (net, from, to) = (self.net.clone(), self.from.clone(), addr.to_string());
         Box::pin(async move {
             let answer = net

@@ -365,6 +365,41 @@ fn a_leader_backs_off_from_a_member_that_is_down() {
     }
 }
 
+/// A node that begins a clean stop hands its leadership over and then
+/// campaigns no more, even when it hears from nobody (a stopping node's
+/// last snapshot can outlast an election timeout). It still votes.
+#[test]
+fn a_node_that_stands_down_campaigns_no_more_but_votes() {
+    let (mut sandbox, old, _) = formed(8);
+    let stopping = sandbox.registry.get(old).expect("up");
+    let on = host(&sandbox, old);
+    sandbox
+        .world
+        .spawn_on(on, async move { stopping.stand_down().await });
+    sandbox.run_for(Duration::from_secs(1)).expect("run");
+    let (new, _) = sandbox.leader().expect("a leader");
+    assert_ne!(new, old, "n{old} handed leadership over");
+    // The new leader dies and the third member is paused: the stopping
+    // node hears from nobody for many election timeouts.
+    let third = (1..=3).find(|&n| n != old && n != new).expect("three");
+    let paused = host(&sandbox, third);
+    sandbox.registry.remove(new);
+    sandbox.net.close(&addr(new));
+    sandbox.world.crash(host(&sandbox, new));
+    sandbox.world.freeze(paused);
+    let before = sandbox.net.stats().votes_asked;
+    sandbox.run_for(Duration::from_secs(3)).expect("run");
+    let asked = sandbox.net.stats().votes_asked - before;
+    assert_eq!(asked, 0, "the stopping n{old} asked for {asked} votes");
+    sandbox.world.thaw(paused);
+    sandbox.run_for(Duration::from_secs(3)).expect("run");
+    assert_eq!(
+        sandbox.leader().map(|(id, _)| id),
+        Some(third),
+        "n{third} was elected with the stopping n{old}'s vote"
+    );
+}
+
 #[test]
 fn a_removed_member_leaves_the_group_and_comes_back_as_a_voter() {
     let (mut sandbox, leader, _) = formed(7);

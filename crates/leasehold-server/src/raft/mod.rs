@@ -175,6 +175,9 @@ pub struct Consensus {
     /// Set once a peer's committed membership shows this node was removed
     /// (see `operations::membership`'s `notice_removal`); it then no longer campaigns.
     removed: Arc<std::sync::atomic::AtomicBool>,
+    /// Set once this node begins a clean stop ([`Consensus::stand_down`]);
+    /// it then no longer campaigns.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
     id: NodeId,
 }
 
@@ -308,11 +311,17 @@ impl Consensus {
         }
     }
 
-    /// Before a clean stop: a leader with other voters hands leadership to
-    /// the most caught-up of them, so the group does not wait out an
-    /// election timeout for a leader that is gone. Called while the node
-    /// still serves its peers (the new leader's first append must reach it).
-    pub async fn hand_over_leadership(&self) {
+    /// Before a clean stop. The node campaigns no more: its last snapshot
+    /// can hold it past an election timeout, and a leadership it won then
+    /// would end with it. It still votes. A leader with other voters hands
+    /// leadership to the most caught-up of them, so the group does not wait
+    /// out an election timeout for a leader that is gone. Called while the
+    /// node still serves its peers (the new leader's first append must
+    /// reach it).
+    pub async fn stand_down(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.raft.runtime_config().elect(false);
         if self.leader_clock().is_none() || self.voters().len() < 2 {
             return;
         }

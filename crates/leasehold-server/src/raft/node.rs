@@ -245,6 +245,7 @@ impl Consensus {
             heard,
             incoming: Arc::default(),
             removed: Arc::default(),
+            stopping: Arc::default(),
             id: spec.id,
         };
         consensus.form_group(&spec, log_empty).await?;
@@ -428,10 +429,19 @@ impl Consensus {
         Ok(())
     }
 
-    /// Lets openraft campaign again, unless this node was removed.
+    /// Lets openraft campaign again, unless this node was removed or is
+    /// stopping.
     pub(super) fn allow_campaigns(&self) {
-        let removed = self.removed.load(std::sync::atomic::Ordering::SeqCst);
-        self.raft.runtime_config().elect(!removed);
+        use std::sync::atomic::Ordering::SeqCst;
+        let removed = self.removed.load(SeqCst);
+        self.raft
+            .runtime_config()
+            .elect(!removed && !self.stopping.load(SeqCst));
+        // A stop that began meanwhile may have turned campaigns off before
+        // they were turned on here: off again.
+        if self.stopping.load(SeqCst) {
+            self.raft.runtime_config().elect(false);
+        }
     }
 
     /// Takes a snapshot (and so lets the log be purged) whenever the state
