@@ -365,38 +365,52 @@ fn a_leader_backs_off_from_a_member_that_is_down() {
     }
 }
 
-/// A node that begins a clean stop hands its leadership over and then
-/// campaigns no more, even when it hears from nobody (a stopping node's
-/// last snapshot can outlast an election timeout). It still votes.
+/// A node that begins a clean stop, leader or follower, campaigns no
+/// more, even when it hears from nobody (a stopping node's last snapshot
+/// can outlast an election timeout); a leader hands its leadership over
+/// first. It still votes.
 #[test]
-fn a_node_that_stands_down_campaigns_no_more_but_votes() {
-    let (mut sandbox, old, _) = formed(8);
-    let stopping = sandbox.registry.get(old).expect("up");
-    let on = host(&sandbox, old);
+fn a_leader_that_stands_down_campaigns_no_more_but_votes() {
+    let (mut sandbox, leader, _) = formed(8);
+    stands_down_campaigns_no_more_but_votes(&mut sandbox, leader);
+}
+
+#[test]
+fn a_follower_that_stands_down_campaigns_no_more_but_votes() {
+    let (mut sandbox, leader, _) = formed(9);
+    let follower = if leader == 1 { 2 } else { 1 };
+    stands_down_campaigns_no_more_but_votes(&mut sandbox, follower);
+}
+
+/// Node `stopping` stands down; then the leader dies and the third member
+/// is paused, so it hears from nobody for many election timeouts.
+fn stands_down_campaigns_no_more_but_votes(sandbox: &mut Sandbox, stopping: u64) {
+    let node = sandbox.registry.get(stopping).expect("up");
+    let on = host(sandbox, stopping);
     sandbox
         .world
-        .spawn_on(on, async move { stopping.stand_down().await });
+        .spawn_on(on, async move { node.stand_down().await });
     sandbox.run_for(Duration::from_secs(1)).expect("run");
-    let (new, _) = sandbox.leader().expect("a leader");
-    assert_ne!(new, old, "n{old} handed leadership over");
-    // The new leader dies and the third member is paused: the stopping
-    // node hears from nobody for many election timeouts.
-    let third = (1..=3).find(|&n| n != old && n != new).expect("three");
-    let paused = host(&sandbox, third);
-    sandbox.registry.remove(new);
-    sandbox.net.close(&addr(new));
-    sandbox.world.crash(host(&sandbox, new));
+    let (leader, _) = sandbox.leader().expect("a leader");
+    assert_ne!(leader, stopping, "n{stopping} leads while stopping");
+    let third = (1..=3)
+        .find(|&n| n != stopping && n != leader)
+        .expect("three");
+    let paused = host(sandbox, third);
+    sandbox.registry.remove(leader);
+    sandbox.net.close(&addr(leader));
+    sandbox.world.crash(host(sandbox, leader));
     sandbox.world.freeze(paused);
     let before = sandbox.net.stats().votes_asked;
     sandbox.run_for(Duration::from_secs(3)).expect("run");
     let asked = sandbox.net.stats().votes_asked - before;
-    assert_eq!(asked, 0, "the stopping n{old} asked for {asked} votes");
+    assert_eq!(asked, 0, "the stopping n{stopping} asked for {asked} votes");
     sandbox.world.thaw(paused);
     sandbox.run_for(Duration::from_secs(3)).expect("run");
     assert_eq!(
         sandbox.leader().map(|(id, _)| id),
         Some(third),
-        "n{third} was elected with the stopping n{old}'s vote"
+        "n{third} was elected with the stopping n{stopping}'s vote"
     );
 }
 
