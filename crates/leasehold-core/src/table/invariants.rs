@@ -102,6 +102,9 @@ impl LockTable {
             if !self.state.deadlines.has_lease(lease.deadline, *id) {
                 return Err(format!("lease {id} has no deadline entry"));
             }
+            if !lease.held.is_in_one_form() || !lease.waiting.is_in_one_form() {
+                return Err(format!("lease {id} keeps a set of one key as many"));
+            }
             for key in &lease.held {
                 let holds = self
                     .state

@@ -4,7 +4,7 @@
 //! extra part is dropped once empty); the table keeps the indexes across
 //! them.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use crate::auth::TokenId;
 use crate::command::{Checkpoint, Mode};
 use crate::{Fence, LeaseId, LockError, RequestId, Time};
+
+use super::keys::Keys;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct Lease {
@@ -23,10 +25,10 @@ pub(super) struct Lease {
     /// Keys this lease holds. An index over `locks`, sharing its keys; not
     /// in the snapshot (serde would not share the `Arc`s), rebuilt on load.
     #[serde(skip)]
-    pub(super) held: BTreeSet<Arc<str>>,
+    pub(super) held: Keys,
     /// Keys this lease is queued for. Rebuilt on load like `held`.
     #[serde(skip)]
-    pub(super) waiting: BTreeSet<Arc<str>>,
+    pub(super) waiting: Keys,
 }
 
 impl Lease {
@@ -42,8 +44,8 @@ impl Lease {
             ttl_ms,
             deadline,
             owner,
-            held: BTreeSet::new(),
-            waiting: BTreeSet::new(),
+            held: Keys::None,
+            waiting: Keys::None,
         }
     }
 }

@@ -13,6 +13,8 @@
 //! - `lock.rs`: the data the rules walk over, each type keeping its own
 //!   invariants: one key's `Lock` (its holders, its queue, its checkpoint and
 //!   lock-delay), a `Holding`, a `Waiter`, a `Lease`, a lock set's keys.
+//! - `keys.rs`: the keys a lease holds or waits for, kept without an
+//!   allocation of their own while there is at most one.
 //! - `deadlines.rs`: `Deadlines`, when lease expiries, wait timeouts,
 //!   lock-delays and re-attach windows fall due; and the taking in of a
 //!   stamp (a new leadership's restamp, then what is due), which calls down
@@ -32,6 +34,7 @@ mod answers;
 mod authorize;
 mod deadlines;
 mod invariants;
+mod keys;
 mod leases;
 mod lock;
 mod lookup;

@@ -114,7 +114,7 @@ impl LockTable {
         }
         if let Some(key) = set
             .iter()
-            .find(|k| lease.held.contains(&***k) || lease.waiting.contains(&***k))
+            .find(|k| lease.held.contains(k) || lease.waiting.contains(k))
         {
             return Err(LockError::invalid(
                 "keys",
