@@ -1,30 +1,9 @@
-//! Lock-table benchmarks: commands applied per second, and heap bytes per held
-//! lock (measured with a counting allocator). Run: `cargo bench -p leasehold-core`.
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+//! Lock-table benchmarks: commands applied per second. Run: `cargo bench -p
+//! leasehold-core`. What a lock or a session costs of the heap is counted
+//! in `tests/memory.rs`.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use leasehold_core::{Command, LockTable, Response, Stamp};
-
-/// Counts live heap bytes, to report what a held lock costs.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        System.alloc(layout)
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        System.dealloc(ptr, layout)
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 const STAMP: Stamp = Stamp { now: 1, epoch: 1 };
 
@@ -68,20 +47,7 @@ fn holding(n: usize) -> LockTable {
     table
 }
 
-fn bytes_per_held_lock() {
-    let n = 100_000;
-    let before = LIVE.load(Ordering::Relaxed);
-    let table = holding(n);
-    let after = LIVE.load(Ordering::Relaxed);
-    println!(
-        "heap bytes per held lock: {:.0} (keys of 19 bytes, {n} locks on one lease)",
-        (after - before) as f64 / n as f64
-    );
-    drop(table);
-}
-
 fn apply(c: &mut Criterion) {
-    bytes_per_held_lock();
     let mut group = c.benchmark_group("apply");
     group.throughput(Throughput::Elements(2));
     group.bench_function("acquire+release, 10k held", |b| {
