@@ -165,6 +165,27 @@ mod tests {
     }
 
     #[test]
+    fn the_tables_check_refuses_a_set_of_one_kept_as_many() {
+        use crate::{Command, Mode, Stamp};
+        let mut table = super::super::LockTable::new();
+        let stamp = Stamp { now: 1, epoch: 1 };
+        let grant = Command::GrantAndAcquire {
+            ttl_ms: 10_000,
+            holder: "a".into(),
+            key: "k".into(),
+            wait_ms: 0,
+            lock_delay_ms: 0,
+            request_id: 0,
+            mode: Mode::Exclusive,
+        };
+        table.apply(stamp, grant, &mut Vec::new()).unwrap();
+        assert_eq!(table.check_invariants(), Ok(()));
+        let lease = table.state.leases.values_mut().next().unwrap();
+        lease.held = Keys::Many(Box::new(BTreeSet::from([key("k")])));
+        assert!(table.check_invariants().is_err());
+    }
+
+    #[test]
     #[cfg(target_pointer_width = "64")]
     fn keys_take_24_bytes_and_a_lease_96() {
         assert_eq!(std::mem::size_of::<Keys>(), 24);
